@@ -1,1 +1,39 @@
-//! placeholder
+//! The OS layer of netless: sealed `memfd` segments, file-descriptor passing over Unix
+//! sockets, peer credentials and ACLs, the per-user socket directory, process-shared futexes,
+//! CPU pinning and the host-wide monotonic clock.
+//!
+//! This crate owns every system call netless makes for its shared-memory transport and
+//! exposes them as safe functions. It never interprets the bytes inside a segment: rings,
+//! queues and RPC framing live in the crates above (`netless-ring`, `netless`). Linux only.
+//!
+//! ```
+//! use netless_shm::Segment;
+//!
+//! let segment = Segment::create("doc-example", 4096)?;
+//! assert_eq!(segment.len(), 4096);
+//! # Ok::<(), netless_shm::Error>(())
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+#[cfg(not(target_os = "linux"))]
+compile_error!("netless-shm supports Linux only (memfd, SCM_RIGHTS, SO_PEERCRED, futex)");
+
+mod affinity;
+mod clock;
+mod error;
+mod fdpass;
+mod futex;
+mod peercred;
+mod segment;
+mod socket_dir;
+pub mod sync;
+
+pub use affinity::{allowed_cpus, available_cpus, pin_current_thread};
+pub use clock::monotonic_ns;
+pub use error::Error;
+pub use fdpass::{recv_frame, send_frame, MAX_FDS, MAX_FRAME};
+pub use futex::{futex_wait, futex_wake, FutexWait};
+pub use peercred::{peer_cred, Acl, PeerCred};
+pub use segment::Segment;
+pub use socket_dir::{service_socket_path, socket_dir, MAX_SERVICE_NAME};

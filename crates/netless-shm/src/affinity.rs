@@ -1,0 +1,95 @@
+//! CPU affinity: pinning the calling thread to one CPU and listing the CPUs it may use.
+//!
+//! This module owns `sched_setaffinity`/`sched_getaffinity` for the calling thread. It never
+//! changes the affinity of other threads or processes and never decides which CPU to use.
+
+use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+
+use crate::Error;
+
+/// Pins the calling thread to CPU `cpu` (its index as the kernel numbers CPUs).
+///
+/// # Errors
+/// [`Error::InvalidCpu`] if `cpu` is beyond the kernel's CPU set size, offline, or not in the
+/// process's allowed set (cgroup cpuset, `taskset`).
+///
+/// ```
+/// let cpu = netless_shm::allowed_cpus()[0];
+/// std::thread::spawn(move || netless_shm::pin_current_thread(cpu))
+///     .join()
+///     .expect("thread")?;
+/// # Ok::<(), netless_shm::Error>(())
+/// ```
+pub fn pin_current_thread(cpu: usize) -> Result<(), Error> {
+    if cpu >= CpuSet::MAX_CPU {
+        return Err(Error::InvalidCpu {
+            cpu,
+            reason: format!("the kernel CPU set holds only {} CPUs", CpuSet::MAX_CPU),
+        });
+    }
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    sched_setaffinity(None, &set).map_err(|errno| Error::InvalidCpu {
+        cpu,
+        reason: format!("sched_setaffinity failed: {}", std::io::Error::from(errno)),
+    })
+}
+
+/// Number of CPUs the calling thread may run on (at least 1).
+///
+/// ```
+/// assert!(netless_shm::available_cpus() >= 1);
+/// ```
+pub fn available_cpus() -> usize {
+    match sched_getaffinity(None) {
+        Ok(set) => (set.count() as usize).max(1),
+        Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
+/// Indices of the CPUs the calling thread may run on, ascending (never empty).
+///
+/// ```
+/// let cpus = netless_shm::allowed_cpus();
+/// assert_eq!(cpus.len(), netless_shm::available_cpus());
+/// ```
+pub fn allowed_cpus() -> Vec<usize> {
+    match sched_getaffinity(None) {
+        Ok(set) => {
+            let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&i| set.is_set(i)).collect();
+            if cpus.is_empty() {
+                vec![0]
+            } else {
+                cpus
+            }
+        }
+        Err(_) => (0..available_cpus()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_to_each_allowed_cpu_in_a_thread() {
+        let cpus = allowed_cpus();
+        std::thread::spawn(move || {
+            for &cpu in &cpus {
+                pin_current_thread(cpu).unwrap();
+                assert_eq!(allowed_cpus(), vec![cpu]);
+                assert_eq!(available_cpus(), 1);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn pin_out_of_range_fails() {
+        assert!(matches!(
+            pin_current_thread(CpuSet::MAX_CPU),
+            Err(Error::InvalidCpu { .. })
+        ));
+    }
+}

@@ -1,0 +1,184 @@
+//! Process-shared futexes on a 32-bit word in shared memory.
+//!
+//! This module owns the `FUTEX_WAIT`/`FUTEX_WAKE` system calls. They are *shared* futexes
+//! (no `FUTEX_PRIVATE_FLAG`): the kernel keys them by the physical page, so a waiter in one
+//! process is woken by a waker in another mapping the same segment. It never decides when to
+//! sleep or wake (the "spin, then publish sleeping, then wait" protocol belongs to the ring
+//! layer) and never touches the word except through the kernel's compare.
+//!
+//! Under `cfg(loom)` the word is a loom atomic, which is not real memory: waiting becomes a
+//! check of the value plus [`crate::sync::yield_now`], and waking is a no-op returning 0.
+
+use std::time::Duration;
+
+use crate::sync::AtomicU32;
+
+/// Why [`futex_wait`] returned. In every case, re-check the condition you are waiting for:
+/// the kernel allows spurious wake-ups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FutexWait {
+    /// A `FUTEX_WAKE` (or a spurious wake-up) ended the wait.
+    Woken,
+    /// The word did not hold `expected` when the call started (`EAGAIN`): no sleep happened.
+    ValueChanged,
+    /// The timeout expired.
+    TimedOut,
+    /// A signal interrupted the wait (`EINTR`).
+    Interrupted,
+}
+
+/// Sleeps while `*word == expected`, until woken by [`futex_wake`], the timeout expires, or
+/// a signal arrives.
+///
+/// The compare and the sleep are atomic with respect to [`futex_wake`]: a waker that changes
+/// the word and then wakes can never be missed. `timeout` is relative; `None` waits forever.
+/// The word may live in memory shared with other processes.
+///
+/// ```
+/// use std::time::Duration;
+/// use netless_shm::{futex_wait, sync::AtomicU32, FutexWait};
+///
+/// let word = AtomicU32::new(1);
+/// assert_eq!(futex_wait(&word, 0, None), FutexWait::ValueChanged);
+/// assert_eq!(
+///     futex_wait(&word, 1, Some(Duration::from_millis(1))),
+///     FutexWait::TimedOut
+/// );
+/// ```
+#[cfg(not(loom))]
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> FutexWait {
+    use rustix::io::Errno;
+    use rustix::thread::futex::{self, Flags, Timespec};
+
+    let timespec = timeout.map(|t| Timespec {
+        // Saturate absurd timeouts (> 292 billion years) instead of wrapping.
+        tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(t.subsec_nanos()),
+    });
+    // Flags::empty(): a shared futex, because the word may be in memory other processes map.
+    match futex::wait(word, Flags::empty(), expected, timespec.as_ref()) {
+        Ok(()) => FutexWait::Woken,
+        Err(Errno::AGAIN) => FutexWait::ValueChanged,
+        Err(Errno::TIMEDOUT) => FutexWait::TimedOut,
+        Err(Errno::INTR) => FutexWait::Interrupted,
+        // EFAULT/EINVAL/ENOSYS cannot happen for a valid, aligned `&AtomicU32`, a normalised
+        // timespec and a Linux kernel; report them as a spurious wake-up so callers re-check.
+        Err(errno) => {
+            debug_assert!(false, "futex wait failed unexpectedly: {errno}");
+            FutexWait::Woken
+        }
+    }
+}
+
+/// Wakes up to `count` threads (in any process) sleeping in [`futex_wait`] on `word`, and
+/// returns how many were woken.
+///
+/// ```
+/// use netless_shm::{futex_wake, sync::AtomicU32};
+///
+/// let word = AtomicU32::new(0);
+/// assert_eq!(futex_wake(&word, u32::MAX), 0); // nobody is waiting
+/// ```
+#[cfg(not(loom))]
+pub fn futex_wake(word: &AtomicU32, count: u32) -> usize {
+    use rustix::thread::futex::{self, Flags};
+
+    // The kernel treats count as a signed int: clamp so u32::MAX means "all".
+    let count = count.min(i32::MAX as u32);
+    // Flags::empty(): shared, matching `futex_wait`.
+    futex::wake(word, Flags::empty(), count).unwrap_or_else(|errno| {
+        debug_assert!(false, "futex wake failed unexpectedly: {errno}");
+        0
+    })
+}
+
+/// Loom stand-in for the shared futex wait: returns [`FutexWait::ValueChanged`] if the word
+/// differs from `expected`, otherwise yields to the model scheduler and reports a spurious
+/// [`FutexWait::Woken`]. Callers must re-check their condition, as with the real futex.
+#[cfg(loom)]
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> FutexWait {
+    let _ = timeout;
+    if word.load(crate::sync::Ordering::SeqCst) != expected {
+        return FutexWait::ValueChanged;
+    }
+    crate::sync::yield_now();
+    FutexWait::Woken
+}
+
+/// Loom stand-in for the shared futex wake: a no-op that reports 0 threads woken (loom waiters
+/// never really sleep; see [`futex_wait`]).
+#[cfg(loom)]
+pub fn futex_wake(word: &AtomicU32, count: u32) -> usize {
+    let _ = (word, count);
+    0
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::Ordering;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn mismatch_returns_value_changed_immediately() {
+        let word = AtomicU32::new(7);
+        let start = Instant::now();
+        assert_eq!(
+            futex_wait(&word, 8, Some(Duration::from_secs(10))),
+            FutexWait::ValueChanged
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn timeout_returns_timed_out() {
+        let word = AtomicU32::new(0);
+        let start = Instant::now();
+        // A signal could interrupt the wait; retry in that (unlikely) case.
+        let result = loop {
+            match futex_wait(&word, 0, Some(Duration::from_millis(20))) {
+                FutexWait::Interrupted => continue,
+                other => break other,
+            }
+        };
+        assert_eq!(result, FutexWait::TimedOut);
+        assert!(start.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn wake_without_waiters_wakes_nobody() {
+        let word = AtomicU32::new(0);
+        assert_eq!(futex_wake(&word, 1), 0);
+        assert_eq!(futex_wake(&word, u32::MAX), 0);
+    }
+
+    #[test]
+    fn wake_between_threads() {
+        let word = Arc::new(AtomicU32::new(0));
+        let waiter = {
+            let word = Arc::clone(&word);
+            std::thread::spawn(move || {
+                let mut woken = 0;
+                while word.load(Ordering::Acquire) == 0 {
+                    match futex_wait(&word, 0, Some(Duration::from_secs(10))) {
+                        FutexWait::Woken => woken += 1,
+                        FutexWait::TimedOut => panic!("never woken"),
+                        FutexWait::ValueChanged | FutexWait::Interrupted => {}
+                    }
+                }
+                woken
+            })
+        };
+        // Keep waking with the word unchanged until the kernel reports it woke the waiter:
+        // proof that it was really asleep on this word.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while futex_wake(&word, 1) == 0 {
+            assert!(Instant::now() < deadline, "waiter never went to sleep");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        word.store(1, Ordering::Release);
+        futex_wake(&word, u32::MAX);
+        assert!(waiter.join().unwrap() >= 1);
+    }
+}
