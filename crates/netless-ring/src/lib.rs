@@ -1,1 +1,44 @@
-//! placeholder
+//! Lock-free building blocks that live in shared memory: the receive queue a server's
+//! clients enqueue request descriptors into ([`ReceiveQueue`]), the per-connection
+//! response ring ([`ResponseRing`]: [`Producer`] / [`Consumer`]) and the doorbell that
+//! lets a waiter sleep on a shared futex ([`doorbell`]).
+//!
+//! Everything here operates on memory the caller provides (a region of a mapped segment)
+//! and knows nothing about RPC. Every word in that memory may have been written by a
+//! crashed or malicious peer process, so every value read from it is validated: a bad
+//! value yields an error (`Corrupt`, `Skipped`, `Contended`), never a panic, an
+//! out-of-bounds access or an unbounded loop. Hot paths allocate nothing and take no
+//! locks. Byte layouts are in [`layout`].
+//!
+//! Under `cfg(loom)` the atomics come from `loom` (see [`sync`]) and the constructors that
+//! take raw regions are compiled out; the `from_parts` constructors remain.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod doorbell;
+mod futex;
+pub mod layout;
+pub mod receive_queue;
+pub mod spsc;
+pub mod sync;
+
+pub use doorbell::{
+    ring, ring_all, wait, DoorbellWords, ParseWaitModeError, SleepOutcome, Sleeper, TimedOut,
+    WaitMode, WaitPolicy,
+};
+pub use layout::LayoutError;
+pub use receive_queue::{ConsumerHead, Dequeue, EnqueueError, ReceiveQueue};
+pub use spsc::{Consumer, Corrupt, Producer, PushError, Record, ResponseRing};
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_are_send_and_sync() {
+        send_sync::<crate::ReceiveQueue<'static>>();
+        send_sync::<crate::ConsumerHead>();
+        send_sync::<crate::Producer<'static>>();
+        send_sync::<crate::Consumer<'static>>();
+        send_sync::<crate::DoorbellWords>();
+    }
+}

@@ -1,0 +1,346 @@
+//! Wake-ups between processes: a waiter polls for a bounded spin budget, then announces
+//! that it sleeps and sleeps on a shared futex word; a waker issues the `FUTEX_WAKE`
+//! syscall only when someone announced sleeping, so ringing an idle-free doorbell costs one
+//! fence and one load.
+//!
+//! This module owns the protocol on [`DoorbellWords`] (`sleepers`, `seq`); it never knows
+//! what the waiter waits for (the caller's `poll` closure) and never trusts the words:
+//! `sleepers` may be corrupted by a peer, so it is only used to decide whether to issue a
+//! wake syscall, with wrapping arithmetic, and every sleep is bounded by `max_sleep`, so a
+//! peer that never rings (crashed, malicious, or a corrupted counter) delays us by at most
+//! that much per sleep, never forever.
+//!
+//! # Why no wake-up is lost
+//!
+//! Waiter: `s = seq`; `sleepers += 1`; `fence(SeqCst)`; `poll()`; `futex_wait(seq, s)`.
+//! Waker: publish the data; `fence(SeqCst)`; `if sleepers != 0 { seq += 1; futex_wake }`.
+//!
+//! The two SeqCst fences are totally ordered (Dekker). If the waker's fence comes first,
+//! the waiter's `poll()` after its fence sees the data and it does not sleep. If the
+//! waiter's fence comes first, the waker's load sees `sleepers != 0` and bumps `seq`.
+//! That load is Acquire and the increment a (SeqCst, hence Release) RMW, so the waiter's
+//! earlier read `s` happens before the bump: `seq != s` from then on. The kernel checks
+//! `seq == s` atomically with going to sleep, so either the wait returns at once
+//! (`ValueChanged`) or the waiter is already asleep when `futex_wake` runs. The
+//! waiter-side fence is needed because a SeqCst RMW followed by an Acquire load (inside
+//! `poll`) is not a store-load barrier in the language model (it is on x86, where the
+//! fence after a locked RMW is cheap; it is only on the sleep path anyway).
+
+use crate::futex::{futex_wait, futex_wake, FutexWait};
+pub use crate::layout::DoorbellWords;
+use crate::sync::fence;
+use crate::sync::hint::spin_loop;
+use crate::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use core::fmt;
+use core::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// How a waiter waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WaitMode {
+    /// Poll until the deadline; never sleep (lowest latency, burns a core).
+    Spin,
+    /// Poll once, then sleep on the futex (lowest CPU, adds a wake-up to the latency).
+    Futex,
+    /// Poll for [`WaitPolicy::spin`], then sleep.
+    #[default]
+    Adaptive,
+}
+
+impl WaitMode {
+    /// The name used by [`FromStr`] and [`fmt::Display`].
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WaitMode::Spin => "spin",
+            WaitMode::Futex => "futex",
+            WaitMode::Adaptive => "adaptive",
+        }
+    }
+}
+
+impl fmt::Display for WaitMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A wait mode name other than `spin`, `futex` or `adaptive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("unknown wait mode: expected `spin`, `futex` or `adaptive`")]
+pub struct ParseWaitModeError;
+
+impl FromStr for WaitMode {
+    type Err = ParseWaitModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "spin" => Ok(WaitMode::Spin),
+            "futex" => Ok(WaitMode::Futex),
+            "adaptive" => Ok(WaitMode::Adaptive),
+            _ => Err(ParseWaitModeError),
+        }
+    }
+}
+
+/// How long and how to wait before sleeping.
+///
+/// ```
+/// use netless_ring::{WaitMode, WaitPolicy};
+/// let policy: WaitPolicy = WaitPolicy { mode: "futex".parse().unwrap(), ..Default::default() };
+/// assert_eq!(policy.mode, WaitMode::Futex);
+/// assert_eq!(WaitPolicy::default().spin, WaitPolicy::DEFAULT_SPIN);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// The mode.
+    pub mode: WaitMode,
+    /// Spin budget of [`WaitMode::Adaptive`] before each sleep that follows a wake-up.
+    pub spin: Duration,
+}
+
+impl WaitPolicy {
+    /// Default spin budget: 50 µs.
+    pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+}
+
+impl Default for WaitPolicy {
+    fn default() -> Self {
+        Self {
+            mode: WaitMode::Adaptive,
+            spin: Self::DEFAULT_SPIN,
+        }
+    }
+}
+
+/// The deadline passed before `poll` returned something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("deadline passed while waiting on the doorbell")]
+pub struct TimedOut;
+
+/// How one [`Sleeper::sleep`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SleepOutcome {
+    /// Woken by a ring (or spuriously).
+    Woken,
+    /// Someone rang between [`DoorbellWords::announce_sleep`] and the sleep: did not sleep.
+    ValueChanged,
+    /// The timeout elapsed.
+    TimedOut,
+    /// A signal interrupted the sleep.
+    Interrupted,
+}
+
+/// Rings the doorbell: wakes one sleeping waiter, if any announced sleeping. Call it after
+/// publishing what the waiter polls for. Costs one fence and one load when nobody sleeps.
+pub fn ring(words: &DoorbellWords) {
+    ring_count(words, 1);
+}
+
+/// Rings the doorbell for every sleeping waiter.
+pub fn ring_all(words: &DoorbellWords) {
+    ring_count(words, u32::MAX);
+}
+
+#[inline]
+fn ring_count(words: &DoorbellWords, count: u32) {
+    // SeqCst fence: orders the caller's publication before the `sleepers` load (module docs).
+    fence(SeqCst);
+    // Acquire: see module docs (orders the waiter's read of `seq` before our bump).
+    if words.sleepers.load(Acquire) != 0 {
+        words.seq.fetch_add(1, Release);
+        futex_wake(&words.seq, count);
+    }
+}
+
+impl DoorbellWords {
+    /// Announces that the caller is about to sleep: reads the sequence, counts itself in
+    /// `sleepers` and fences. The caller must then poll once more (anything published
+    /// before a ring that did not see this announcement is visible now) and, if there is
+    /// still nothing, call [`Sleeper::sleep`]. Dropping the [`Sleeper`] retracts the
+    /// announcement. [`wait`] does all of this; use this directly to integrate with another
+    /// reactor.
+    pub fn announce_sleep(&self) -> Sleeper<'_> {
+        // Read before counting ourselves: a ring that sees our count bumps `seq` after this.
+        let ticket = self.seq.load(Acquire);
+        // Wrapping (fetch_add wraps): the value may have been corrupted by a peer.
+        self.sleepers.fetch_add(1, SeqCst);
+        // SeqCst fence: the store-load barrier of the Dekker pair (module docs).
+        fence(SeqCst);
+        Sleeper {
+            words: self,
+            ticket,
+        }
+    }
+
+    /// Current sequence number (bumped by every ring that saw a sleeper). For tests and
+    /// statistics.
+    pub fn sequence(&self) -> u32 {
+        self.seq.load(Relaxed)
+    }
+
+    /// Current count of announced sleepers (untrusted; for statistics).
+    pub fn sleepers(&self) -> u32 {
+        self.sleepers.load(Relaxed)
+    }
+}
+
+/// An announced sleep (see [`DoorbellWords::announce_sleep`]); dropping it retracts it.
+#[must_use = "dropping a Sleeper retracts the announcement; call sleep()"]
+pub struct Sleeper<'w> {
+    words: &'w DoorbellWords,
+    ticket: u32,
+}
+
+impl Sleeper<'_> {
+    /// The sequence number read at the announcement: the sleep returns at once if the
+    /// doorbell's sequence differs from it.
+    pub fn ticket(&self) -> u32 {
+        self.ticket
+    }
+
+    /// Sleeps until rung, at most `timeout`, then retracts the announcement.
+    pub fn sleep(self, timeout: Duration) -> SleepOutcome {
+        match futex_wait(&self.words.seq, self.ticket, Some(timeout)) {
+            FutexWait::Woken => SleepOutcome::Woken,
+            FutexWait::ValueChanged => SleepOutcome::ValueChanged,
+            FutexWait::TimedOut => SleepOutcome::TimedOut,
+            FutexWait::Interrupted => SleepOutcome::Interrupted,
+        }
+    }
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        // Relaxed: a stale count only costs a useless wake syscall.
+        self.words.sleepers.fetch_sub(1, Relaxed);
+    }
+}
+
+impl fmt::Debug for Sleeper<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sleeper")
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
+
+/// Waits until `poll` returns `Some`, per `policy`, until `deadline` (`None`: no deadline).
+///
+/// `poll` is called first, before anything else (no clock read on the fast path). Spinning
+/// reads the clock only every 64 polls. Every sleep lasts at most `max_sleep` (and not past
+/// the deadline), so a peer that never rings cannot keep us asleep: after a timed-out sleep
+/// we poll once and sleep again; after a wake-up, [`WaitMode::Adaptive`] spins its budget
+/// again. [`WaitMode::Spin`] without a deadline spins until `poll` succeeds.
+///
+/// ```
+/// use netless_ring::{doorbell, DoorbellWords, WaitPolicy};
+/// use std::time::{Duration, Instant};
+///
+/// let words = DoorbellWords::new();
+/// let deadline = Some(Instant::now() + Duration::from_millis(5));
+/// let outcome = doorbell::wait(&words, &WaitPolicy::default(), deadline, Duration::from_millis(1), || None::<()>);
+/// assert_eq!(outcome, Err(netless_ring::TimedOut));
+/// doorbell::ring(&words); // nobody sleeps: no syscall
+/// ```
+pub fn wait<T>(
+    words: &DoorbellWords,
+    policy: &WaitPolicy,
+    deadline: Option<Instant>,
+    max_sleep: Duration,
+    mut poll: impl FnMut() -> Option<T>,
+) -> Result<T, TimedOut> {
+    if let Some(value) = poll() {
+        return Ok(value);
+    }
+    let mut budget = match policy.mode {
+        WaitMode::Spin => None,
+        WaitMode::Futex => Some(Duration::ZERO),
+        WaitMode::Adaptive => Some(policy.spin),
+    };
+    loop {
+        if let Some(value) = spin(&mut poll, deadline, budget)? {
+            return Ok(value);
+        }
+        let timeout = match deadline {
+            Some(deadline) => deadline
+                .checked_duration_since(Instant::now())
+                .filter(|left| !left.is_zero())
+                .ok_or(TimedOut)?
+                .min(max_sleep),
+            None => max_sleep,
+        };
+        let sleeper = words.announce_sleep();
+        if let Some(value) = poll() {
+            return Ok(value);
+        }
+        let outcome = sleeper.sleep(timeout);
+        if let Some(value) = poll() {
+            return Ok(value);
+        }
+        budget = match (policy.mode, outcome) {
+            (WaitMode::Adaptive, SleepOutcome::Woken | SleepOutcome::ValueChanged) => {
+                Some(policy.spin)
+            }
+            _ => Some(Duration::ZERO),
+        };
+    }
+}
+
+/// Polls for `budget` (`None`: until the deadline). `Ok(None)`: budget spent.
+fn spin<T>(
+    poll: &mut impl FnMut() -> Option<T>,
+    deadline: Option<Instant>,
+    budget: Option<Duration>,
+) -> Result<Option<T>, TimedOut> {
+    if budget == Some(Duration::ZERO) {
+        return Ok(None);
+    }
+    let spin_end = budget.and_then(|budget| Instant::now().checked_add(budget));
+    let mut polls: u32 = 0;
+    loop {
+        spin_loop();
+        if let Some(value) = poll() {
+            return Ok(Some(value));
+        }
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(64) {
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return Err(TimedOut);
+            }
+            if spin_end.is_some_and(|end| now >= end) {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_names_round_trip() {
+        for mode in [WaitMode::Spin, WaitMode::Futex, WaitMode::Adaptive] {
+            assert_eq!(mode.to_string().parse::<WaitMode>(), Ok(mode));
+        }
+        assert_eq!("Spin".parse::<WaitMode>(), Err(ParseWaitModeError));
+        assert_eq!(WaitMode::default(), WaitMode::Adaptive);
+    }
+
+    #[test]
+    fn sleeper_counts() {
+        let words = DoorbellWords::new();
+        let sleeper = words.announce_sleep();
+        assert_eq!(words.sleepers(), 1);
+        ring(&words);
+        assert_eq!(words.sequence(), 1);
+        assert_eq!(
+            sleeper.sleep(Duration::from_secs(5)),
+            SleepOutcome::ValueChanged
+        );
+        assert_eq!(words.sleepers(), 0);
+        ring(&words);
+        assert_eq!(words.sequence(), 1);
+    }
+}
