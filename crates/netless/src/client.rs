@@ -1,0 +1,1224 @@
+//! The client: connects to a service, sends requests into the replica's shared receive buffer
+//! and queue, and collects responses from its own response ring.
+//!
+//! A `Client` is one connection. It is `Send + Sync + Clone`: clones share the connection and
+//! any number of threads (and async tasks) may have calls in flight at once. Whichever waiting
+//! thread holds the ring's consumer lock drains responses and hands each to its caller; other
+//! waiters park until theirs arrives. Async calls are completed by a reaper thread started on
+//! first use, so a tokio worker never blocks. A monitor thread watches the Unix socket: its
+//! hang-up (the server died) fails every waiting call with `UNAVAILABLE` at once.
+//!
+//! Every byte read from the response ring is validated here; a malformed response closes the
+//! connection with `INTERNAL` instead of being trusted.
+
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use netless_ring::{Consumer, EnqueueError, WaitPolicy};
+use netless_shm::{recv_frame, send_frame, service_socket_path, socket_dir};
+
+use crate::blocks::BlockLease;
+use crate::call::{CallOptions, Reply};
+use crate::config::ClientConfig;
+use crate::handshake::{Frame, PROTOCOL_VERSION};
+use crate::layout::{kind, WireHeader, HEADER_LEN};
+use crate::metadata::Metadata;
+use crate::segments::{ConnSegment, ReplicaSegment};
+use crate::status::{Code, Status};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Longest a waiter sleeps before re-checking for death or a deadline, whatever a peer did.
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// How long sending the later fragments of a large request may wait for buffer space.
+const FRAGMENT_SPACE_WAIT: Duration = Duration::from_secs(2);
+
+const IDLE: u32 = 0;
+const WAITING: u32 = 1;
+const DELIVERING: u32 = 2;
+const DONE: u32 = 3;
+
+/// A connection to one service. Cheap to clone; clones share the connection.
+///
+/// ```no_run
+/// use netless::{CallOptions, Client};
+/// let client = Client::connect("demo.Echo")?;
+/// let reply = client.call("Echo", b"hello", &CallOptions::new())?;
+/// assert_eq!(reply.payload, b"hello");
+/// # Ok::<(), netless::Status>(())
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    handle: Arc<Handle>,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    monitor: Mutex<Option<JoinHandle<()>>>,
+    reaper: Mutex<Option<JoinHandle<()>>>,
+    stop: OwnedFd,
+}
+
+struct CallSlot {
+    state: AtomicU32,
+    generation: AtomicU32,
+    outcome: Mutex<Option<Result<Reply, Status>>>,
+    partial: Mutex<(Vec<u8>, usize)>,
+    waker: Mutex<Option<Waker>>,
+    thread: Mutex<Option<Thread>>,
+    is_async: AtomicBool,
+    deadline: Mutex<Option<Instant>>,
+}
+
+impl CallSlot {
+    fn new() -> CallSlot {
+        CallSlot {
+            state: AtomicU32::new(IDLE),
+            generation: AtomicU32::new(0),
+            outcome: Mutex::new(None),
+            partial: Mutex::new((Vec::new(), 0)),
+            waker: Mutex::new(None),
+            thread: Mutex::new(None),
+            is_async: AtomicBool::new(false),
+            deadline: Mutex::new(None),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) struct Shared {
+    service: String,
+    dir: PathBuf,
+    config: ClientConfig,
+    replica: ReplicaSegment,
+    conn: ConnSegment,
+    conn_index: u32,
+    token: u64,
+    server_max_message: usize,
+    fragment_body: usize,
+    lease: BlockLease,
+    slots: Box<[CallSlot]>,
+    free: Box<[AtomicU64]>,
+    consumer: Mutex<Consumer<'static>>,
+    dead: AtomicBool,
+    death: Mutex<Option<Status>>,
+    parked: AtomicU32,
+    async_waiters: AtomicU32,
+    stopping: AtomicBool,
+    reaper_thread: Mutex<Option<Thread>>,
+    socket: UnixStream,
+}
+
+/// The outcome of draining the ring for one's own call.
+enum Mine {
+    NotYet,
+    Done(Result<Metadata, Status>),
+}
+
+impl Client {
+    /// Connects to `service` in the default socket directory with the default configuration.
+    pub fn connect(service: &str) -> Result<Client, Status> {
+        Client::connect_with(service, ClientConfig::default())
+    }
+
+    /// Connects to `service` with `config`.
+    pub fn connect_with(service: &str, config: ClientConfig) -> Result<Client, Status> {
+        config.validate()?;
+        let dir = match &config.dir {
+            Some(d) => d.clone(),
+            None => {
+                socket_dir().map_err(|e| Status::unavailable(format!("socket directory: {e}")))?
+            }
+        };
+        let path = service_socket_path(&dir, service)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let not_found = || {
+            Status::unavailable(format!(
+                "service `{service}` not found in {}: is its server running? (set NETLESS_DIR if it uses another directory)",
+                dir.display()
+            ))
+        };
+        let socket = match UnixStream::connect(&path) {
+            Ok(s) => s,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                return Err(not_found())
+            }
+            Err(e) => {
+                return Err(Status::unavailable(format!(
+                    "cannot connect to service `{service}` at {}: {e}",
+                    path.display()
+                )))
+            }
+        };
+        let timeout = Some(config.connect_timeout);
+        let io = |e: std::io::Error| Status::unavailable(format!("connecting to `{service}`: {e}"));
+        socket.set_read_timeout(timeout).map_err(io)?;
+        socket.set_write_timeout(timeout).map_err(io)?;
+        let (conn, consumer) = ConnSegment::create(config.ring_bytes)?;
+        let hs = |e: netless_shm::Error| {
+            Status::unavailable(format!(
+                "handshake with service `{service}` failed: {e} (refused by the server's ACL, or it is shutting down)"
+            ))
+        };
+        send_frame(
+            &socket,
+            &Frame::Hello {
+                version: PROTOCOL_VERSION,
+            }
+            .encode(),
+            &[conn.segment().fd()],
+        )
+        .map_err(hs)?;
+        let (bytes, mut fds) = recv_frame(&socket, 1).map_err(hs)?;
+        let (conn_index, tag, token) = match Frame::decode(&bytes) {
+            Some(Frame::Welcome { version, conn_index, tag, token }) if version == PROTOCOL_VERSION => {
+                (conn_index, tag, token)
+            }
+            Some(Frame::Welcome { version, .. }) => {
+                return Err(Status::unavailable(format!(
+                    "service `{service}` speaks netless protocol {version}, this client {PROTOCOL_VERSION}"
+                )))
+            }
+            Some(Frame::Reject(status)) => return Err(status),
+            _ => return Err(Status::unavailable(format!("service `{service}` sent a malformed handshake"))),
+        };
+        let fd = fds
+            .pop()
+            .ok_or_else(|| Status::unavailable("the server sent no replica segment"))?;
+        let replica = ReplicaSegment::attach(fd)?;
+        socket.set_read_timeout(None).map_err(io)?;
+        socket.set_write_timeout(None).map_err(io)?;
+
+        let g = *replica.geometry();
+        let block = g.block_size as usize;
+        let max_run = (g.nblocks / 4).clamp(1, 64) as usize;
+        let fragment_body = max_run * block - HEADER_LEN;
+        let n = config.max_in_flight as usize;
+        let words = n.div_ceil(64);
+        let free: Box<[AtomicU64]> = (0..words)
+            .map(|w| {
+                let bits = (n - w * 64).min(64);
+                AtomicU64::new(if bits == 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << bits) - 1
+                })
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            service: service.to_string(),
+            dir,
+            lease: BlockLease::new(
+                tag,
+                config.block_cache,
+                conn_index.wrapping_mul(97) % g.nblocks,
+            ),
+            consumer: Mutex::new(consumer),
+            server_max_message: g.max_message as usize,
+            fragment_body,
+            slots: (0..n).map(|_| CallSlot::new()).collect(),
+            free,
+            dead: AtomicBool::new(false),
+            death: Mutex::new(None),
+            parked: AtomicU32::new(0),
+            async_waiters: AtomicU32::new(0),
+            stopping: AtomicBool::new(false),
+            reaper_thread: Mutex::new(None),
+            config,
+            replica,
+            conn,
+            conn_index,
+            token,
+            socket,
+        });
+        let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+            .map_err(|e| Status::resource_exhausted(format!("eventfd: {e}")))?;
+        let monitor = {
+            let shared = shared.clone();
+            let stop = stop
+                .try_clone()
+                .map_err(|e| Status::resource_exhausted(format!("dup: {e}")))?;
+            thread::Builder::new()
+                .name("netless-monitor".into())
+                .spawn(move || shared.monitor(stop))
+                .map_err(|e| {
+                    Status::resource_exhausted(format!("cannot spawn monitor thread: {e}"))
+                })?
+        };
+        Ok(Client {
+            handle: Arc::new(Handle {
+                shared,
+                monitor: Mutex::new(Some(monitor)),
+                reaper: Mutex::new(None),
+                stop,
+            }),
+        })
+    }
+
+    /// The service this client is connected to.
+    pub fn service(&self) -> &str {
+        &self.handle.shared.service
+    }
+
+    /// True once the connection is gone (server died, or a protocol violation closed it).
+    pub fn is_closed(&self) -> bool {
+        self.handle.shared.dead.load(Ordering::Acquire)
+    }
+
+    /// Calls `method` with `payload` and waits for the reply.
+    pub fn call(
+        &self,
+        method: &str,
+        payload: &[u8],
+        options: &CallOptions,
+    ) -> Result<Reply, Status> {
+        let mut out = Vec::new();
+        let metadata = self.call_into(method, payload, options, &mut out)?;
+        Ok(Reply {
+            metadata,
+            payload: out,
+        })
+    }
+
+    /// Like [`Client::call`], but writes the reply payload into `out` (cleared first) so a
+    /// loop of calls can reuse one buffer; returns the reply metadata.
+    pub fn call_into(
+        &self,
+        method: &str,
+        payload: &[u8],
+        options: &CallOptions,
+        out: &mut Vec<u8>,
+    ) -> Result<Metadata, Status> {
+        out.clear();
+        let shared = &self.handle.shared;
+        let deadline = options.deadline().or_else(|| {
+            shared
+                .config
+                .default_timeout
+                .and_then(|t| Instant::now().checked_add(t))
+        });
+        let (index, call_id) =
+            shared.submit(method, options.request_metadata(), payload, deadline, false)?;
+        shared.wait_blocking(index, call_id, deadline, out)
+    }
+
+    /// Calls `method` asynchronously. The future never blocks the executor thread: responses
+    /// are collected by a reaper thread and the task is woken. Dropping the future abandons the
+    /// call (a late reply is discarded).
+    pub fn call_async(
+        &self,
+        method: &str,
+        payload: &[u8],
+        options: &CallOptions,
+    ) -> impl Future<Output = Result<Reply, Status>> + Send + 'static {
+        let shared = &self.handle.shared;
+        let deadline = options.deadline().or_else(|| {
+            shared
+                .config
+                .default_timeout
+                .and_then(|t| Instant::now().checked_add(t))
+        });
+        let body = method.len() + options.request_metadata().encoded_len() + payload.len();
+        let state = if body > shared.fragment_body {
+            // Sending fragments may wait for buffer space: do it on a helper thread.
+            let client = self.clone();
+            let (method, payload, options) =
+                (method.to_string(), payload.to_vec(), options.clone());
+            let cell = Arc::new(Oneshot::default());
+            let tx = cell.clone();
+            let spawned = thread::Builder::new()
+                .name("netless-large-call".into())
+                .spawn(move || {
+                    tx.complete(client.call(&method, &payload, &options));
+                });
+            match spawned {
+                Ok(_) => AsyncState::Thread(cell),
+                Err(e) => AsyncState::Failed(Some(Status::resource_exhausted(format!(
+                    "cannot spawn thread: {e}"
+                )))),
+            }
+        } else {
+            match shared.submit(method, options.request_metadata(), payload, deadline, true) {
+                Ok((index, _call_id)) => {
+                    shared.async_waiters.fetch_add(1, Ordering::AcqRel);
+                    self.ensure_reaper();
+                    AsyncState::Ring { index }
+                }
+                Err(status) => AsyncState::Failed(Some(status)),
+            }
+        };
+        CallFuture {
+            client: self.clone(),
+            state,
+            deadline,
+        }
+    }
+
+    fn ensure_reaper(&self) {
+        let mut reaper = lock(&self.handle.reaper);
+        if reaper.is_none() {
+            let shared = self.handle.shared.clone();
+            match thread::Builder::new()
+                .name("netless-reaper".into())
+                .spawn(move || shared.reap())
+            {
+                Ok(h) => {
+                    *lock(&self.handle.shared.reaper_thread) = Some(h.thread().clone());
+                    *reaper = Some(h);
+                }
+                Err(e) => self.handle.shared.fail(Status::resource_exhausted(format!(
+                    "cannot spawn the reaper thread: {e}"
+                ))),
+            }
+        } else if let Some(t) = lock(&self.handle.shared.reaper_thread).as_ref() {
+            t.unpark();
+        }
+    }
+
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.handle.shared
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("service", &self.handle.shared.service)
+            .field("conn_index", &self.handle.shared.conn_index)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        shared.stopping.store(true, Ordering::Release);
+        let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
+        if let Some(t) = lock(&shared.reaper_thread).as_ref() {
+            t.unpark();
+        }
+        if let Some(h) = lock(&self.reaper).take() {
+            let _ = h.join();
+        }
+        if let Some(h) = lock(&self.monitor).take() {
+            let _ = h.join();
+        }
+        shared.lease.release_all(shared.replica.table());
+        let _ = shared.socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Shared {
+    fn death_status(&self) -> Status {
+        lock(&self.death).clone().unwrap_or_else(|| {
+            Status::unavailable(format!(
+                "connection to service `{}` is closed",
+                self.service
+            ))
+        })
+    }
+
+    /// Marks the connection dead with `status` and wakes every waiter.
+    pub(crate) fn fail(&self, status: Status) {
+        {
+            let mut death = lock(&self.death);
+            if death.is_none() {
+                *death = Some(status);
+            }
+        }
+        if self.dead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        netless_ring::ring_all(self.conn.doorbell());
+        self.wake_everyone();
+    }
+
+    fn wake_everyone(&self) {
+        for slot in self.slots.iter() {
+            if slot.state.load(Ordering::Acquire) != IDLE {
+                if let Some(t) = lock(&slot.thread).as_ref() {
+                    t.unpark();
+                }
+                if let Some(w) = lock(&slot.waker).take() {
+                    w.wake();
+                }
+            }
+        }
+        if let Some(t) = lock(&self.reaper_thread).as_ref() {
+            t.unpark();
+        }
+    }
+
+    fn monitor(&self, stop: OwnedFd) {
+        use rustix::event::{poll, PollFd, PollFlags};
+        loop {
+            let mut fds = [
+                PollFd::new(&self.socket, PollFlags::IN),
+                PollFd::new(&stop, PollFlags::IN),
+            ];
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    self.fail(Status::unavailable(format!(
+                        "monitoring the connection failed: {e}"
+                    )));
+                    return;
+                }
+            }
+            if !fds[1].revents().is_empty() || self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            if fds[0].revents().is_empty() {
+                continue;
+            }
+            let status = match recv_frame(&self.socket, 0) {
+                Ok((bytes, _)) => match Frame::decode(&bytes) {
+                    Some(Frame::Goodbye(status)) => status,
+                    _ => Status::internal(format!(
+                        "service `{}` sent an unexpected frame; connection closed",
+                        self.service
+                    )),
+                },
+                Err(_) if self.dead.load(Ordering::Acquire) => return,
+                Err(_) => Status::unavailable(format!(
+                    "service `{}` closed the connection: its server process exited or was killed (socket dir {}); retry when it is back",
+                    self.service,
+                    self.dir.display()
+                )),
+            };
+            self.fail(status);
+            return;
+        }
+    }
+
+    fn alloc_slot(&self) -> Option<usize> {
+        for (w, word) in self.free.iter().enumerate() {
+            let mut bits = word.load(Ordering::Relaxed);
+            while bits != 0 {
+                let bit = bits.trailing_zeros();
+                match word.compare_exchange_weak(
+                    bits,
+                    bits & !(1 << bit),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return Some(w * 64 + bit as usize),
+                    Err(now) => bits = now,
+                }
+            }
+        }
+        None
+    }
+
+    fn free_slot(&self, index: usize) {
+        let slot = &self.slots[index];
+        *lock(&slot.outcome) = None;
+        slot.is_async.store(false, Ordering::Relaxed);
+        slot.state.store(IDLE, Ordering::Release);
+        self.free[index / 64].fetch_or(1 << (index % 64), Ordering::Release);
+    }
+
+    /// Sends a request; returns its slot index and call id.
+    fn submit(
+        &self,
+        method: &str,
+        metadata: &Metadata,
+        payload: &[u8],
+        deadline: Option<Instant>,
+        is_async: bool,
+    ) -> Result<(usize, u64), Status> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(self.death_status());
+        }
+        let md_len = metadata.encoded_len();
+        let body_len = method.len() + md_len + payload.len();
+        if body_len > self.server_max_message {
+            return Err(Status::resource_exhausted(format!(
+                "request of {body_len} bytes exceeds service `{}`'s maximum message size of {} bytes",
+                self.service, self.server_max_message
+            )));
+        }
+        if let Some(d) = deadline {
+            if d <= Instant::now() {
+                return Err(Status::deadline_exceeded(
+                    "deadline expired before the call was sent",
+                ));
+            }
+        }
+        let index = self.alloc_slot().ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "{} calls already in flight on this connection to `{}`: raise ClientConfig::max_in_flight or use more connections",
+                self.slots.len(),
+                self.service
+            ))
+        })?;
+        let slot = &self.slots[index];
+        let generation = slot
+            .generation
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1);
+        let call_id = (u64::from(generation) << 32) | index as u64;
+        slot.is_async.store(is_async, Ordering::Relaxed);
+        *lock(&slot.deadline) = deadline;
+        slot.state.store(WAITING, Ordering::Release);
+
+        let md_bytes;
+        let md_slice: &[u8] = if md_len == 0 {
+            &[]
+        } else {
+            let mut v = Vec::with_capacity(md_len);
+            metadata.encode_into(&mut v);
+            md_bytes = v;
+            &md_bytes
+        };
+        let pieces = [method.as_bytes(), md_slice, payload];
+        let deadline_ns = deadline.map_or(0, |d| {
+            let left = d.saturating_duration_since(Instant::now());
+            netless_shm::monotonic_ns()
+                .saturating_add(left.as_nanos() as u64)
+                .max(1)
+        });
+        let mut header = WireHeader {
+            token: self.token,
+            call_id,
+            deadline_ns,
+            conn_index: self.conn_index,
+            kind: kind::REQUEST,
+            status: 0,
+            body_len: body_len as u32,
+            method_len: method.len() as u32,
+            metadata_len: md_len as u32,
+            ..WireHeader::default()
+        };
+        let mut offset = 0usize;
+        let mut first = true;
+        let space_deadline = Instant::now() + FRAGMENT_SPACE_WAIT;
+        loop {
+            let frag_len = (body_len - offset).min(self.fragment_body);
+            header.frag_offset = offset as u32;
+            header.frag_len = frag_len as u32;
+            if let Err(status) =
+                self.send_fragment(&mut header, &pieces, first, deadline, space_deadline)
+            {
+                // Nothing was sent for a NACKed first fragment, so the slot can be reused; a
+                // partly sent request is abandoned (the server discards its fragments).
+                self.free_slot(index);
+                return Err(status);
+            }
+            first = false;
+            offset += frag_len;
+            if offset >= body_len {
+                return Ok((index, call_id));
+            }
+        }
+    }
+
+    fn send_fragment(
+        &self,
+        header: &mut WireHeader,
+        pieces: &[&[u8]; 3],
+        first: bool,
+        deadline: Option<Instant>,
+        space_deadline: Instant,
+    ) -> Result<(), Status> {
+        let block = self.replica.block_size();
+        let frag_len = header.frag_len as usize;
+        let count = (HEADER_LEN + frag_len).div_ceil(block) as u32;
+        header.nblocks = count;
+        let table = self.replica.table();
+        let mut spins = 0u32;
+        loop {
+            if self.dead.load(Ordering::Acquire) {
+                return Err(self.death_status());
+            }
+            let claimed = self.lease.claim(table, count);
+            let start = match claimed {
+                Some(start) => start,
+                None if first => {
+                    return Err(Status::resource_exhausted(format!(
+                        "receive buffer of service `{}` is full ({} blocks of {} bytes all in use): retry with backoff, or run more replicas",
+                        self.service,
+                        table.len(),
+                        block
+                    )))
+                }
+                None => {
+                    self.backoff_for_space(&mut spins, deadline, space_deadline)?;
+                    continue;
+                }
+            };
+            let dst = self
+                .replica
+                .block_run(start, count)
+                .ok_or_else(|| Status::internal("block run outside the buffer"))?;
+            // SAFETY: `dst` points at `count` blocks we just claimed (OWNED by us), which hold
+            // HEADER_LEN + frag_len bytes; no one else writes them while we own them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
+                copy_body_range(
+                    pieces,
+                    header.frag_offset as usize,
+                    frag_len,
+                    dst.add(HEADER_LEN),
+                );
+            }
+            match self.replica.queue().try_enqueue(start) {
+                Ok(()) => {
+                    netless_ring::ring(self.replica.doorbell());
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.lease.unclaim(table, start, count);
+                    if first {
+                        let why = match e {
+                            EnqueueError::Full => "receive queue is full",
+                            _ => "receive queue is contended or damaged",
+                        };
+                        return Err(Status::resource_exhausted(format!(
+                            "service `{}`: {why}; retry with backoff",
+                            self.service
+                        )));
+                    }
+                    self.backoff_for_space(&mut spins, deadline, space_deadline)?;
+                }
+            }
+        }
+    }
+
+    fn backoff_for_space(
+        &self,
+        spins: &mut u32,
+        deadline: Option<Instant>,
+        space_deadline: Instant,
+    ) -> Result<(), Status> {
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Err(Status::deadline_exceeded(
+                "deadline expired while sending a large request",
+            ));
+        }
+        if now >= space_deadline {
+            return Err(Status::resource_exhausted(format!(
+                "receive buffer of service `{}` stayed full for {:?} while sending a large request",
+                self.service, FRAGMENT_SPACE_WAIT
+            )));
+        }
+        *spins += 1;
+        if *spins < 64 {
+            thread::yield_now();
+        } else {
+            thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+
+    fn wait_blocking(
+        &self,
+        index: usize,
+        call_id: u64,
+        deadline: Option<Instant>,
+        out: &mut Vec<u8>,
+    ) -> Result<Metadata, Status> {
+        let slot = &self.slots[index];
+        let mut registered = false;
+        let result = loop {
+            if slot.state.load(Ordering::Acquire) == DONE {
+                break self.take_outcome(index, out);
+            }
+            if self.dead.load(Ordering::Acquire) {
+                break self
+                    .abandon(index, out)
+                    .unwrap_or_else(|| Err(self.death_status()));
+            }
+            if let Ok(mut consumer) = self.consumer.try_lock() {
+                let mine = self.drain(&mut consumer, Some((call_id, &mut *out)));
+                match mine {
+                    Ok(Mine::Done(result)) => {
+                        drop(consumer);
+                        self.after_consumer_release();
+                        self.free_slot(index);
+                        break result;
+                    }
+                    Ok(Mine::NotYet) => {}
+                    Err(status) => {
+                        drop(consumer);
+                        self.fail(status);
+                        continue;
+                    }
+                }
+                if slot.state.load(Ordering::Acquire) == DONE {
+                    drop(consumer);
+                    self.after_consumer_release();
+                    continue;
+                }
+                let waited = netless_ring::wait(
+                    self.conn.doorbell(),
+                    &self.config.wait,
+                    deadline,
+                    MAX_SLEEP,
+                    || {
+                        (consumer.has_next()
+                            || self.dead.load(Ordering::Acquire)
+                            || slot.state.load(Ordering::Acquire) == DONE)
+                            .then_some(())
+                    },
+                );
+                drop(consumer);
+                if waited.is_err() {
+                    self.after_consumer_release();
+                    break self
+                        .abandon(index, out)
+                        .unwrap_or_else(|| Err(deadline_status()));
+                }
+            } else {
+                if !registered {
+                    *lock(&slot.thread) = Some(thread::current());
+                    self.parked.fetch_add(1, Ordering::AcqRel);
+                    registered = true;
+                }
+                // Re-check after registering so a delivery in between is not missed.
+                if slot.state.load(Ordering::Acquire) == DONE {
+                    continue;
+                }
+                let mut nap = Duration::from_millis(1);
+                if let Some(d) = deadline {
+                    let now = Instant::now();
+                    if now >= d {
+                        break self
+                            .abandon(index, out)
+                            .unwrap_or_else(|| Err(deadline_status()));
+                    }
+                    nap = nap.min(d - now);
+                }
+                thread::park_timeout(nap);
+            }
+        };
+        if registered {
+            *lock(&slot.thread) = None;
+            self.parked.fetch_sub(1, Ordering::AcqRel);
+        }
+        result
+    }
+
+    /// Called after dropping the consumer lock: let a parked waiter or the reaper take over.
+    fn after_consumer_release(&self) {
+        if self.parked.load(Ordering::Acquire) > 0 {
+            for slot in self.slots.iter() {
+                if slot.state.load(Ordering::Acquire) == WAITING {
+                    if let Some(t) = lock(&slot.thread).as_ref() {
+                        t.unpark();
+                    }
+                }
+            }
+        }
+        if self.async_waiters.load(Ordering::Acquire) > 0 {
+            if let Some(t) = lock(&self.reaper_thread).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Gives up on a call. If its outcome is being delivered right now, returns it instead.
+    fn abandon(&self, index: usize, out: &mut Vec<u8>) -> Option<Result<Metadata, Status>> {
+        let slot = &self.slots[index];
+        if slot
+            .state
+            .compare_exchange(WAITING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            lock(&slot.partial).0 = Vec::new();
+            self.free_slot(index);
+            return None;
+        }
+        while slot.state.load(Ordering::Acquire) == DELIVERING {
+            std::hint::spin_loop();
+        }
+        Some(self.take_outcome(index, out))
+    }
+
+    fn take_outcome(&self, index: usize, out: &mut Vec<u8>) -> Result<Metadata, Status> {
+        let outcome = lock(&self.slots[index].outcome).take();
+        self.free_slot(index);
+        match outcome {
+            Some(Ok(reply)) => {
+                out.extend_from_slice(&reply.payload);
+                Ok(reply.metadata)
+            }
+            Some(Err(status)) => Err(status),
+            None => Err(Status::internal("call completed without an outcome")),
+        }
+    }
+
+    fn take_reply(&self, index: usize) -> Result<Reply, Status> {
+        let outcome = lock(&self.slots[index].outcome).take();
+        self.free_slot(index);
+        outcome.unwrap_or_else(|| Err(Status::internal("call completed without an outcome")))
+    }
+
+    fn deliver(&self, index: usize, outcome: Result<Reply, Status>) {
+        let slot = &self.slots[index];
+        if slot
+            .state
+            .compare_exchange(WAITING, DELIVERING, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // abandoned meanwhile
+        }
+        *lock(&slot.outcome) = Some(outcome);
+        slot.state.store(DONE, Ordering::Release);
+        if let Some(t) = lock(&slot.thread).as_ref() {
+            t.unpark();
+        }
+        if let Some(w) = lock(&slot.waker).take() {
+            w.wake();
+        }
+    }
+
+    /// Drains every available response, delivering each to its caller. If `mine` is given and
+    /// its response arrives whole, decodes it straight into the caller's buffer and stops.
+    fn drain(
+        &self,
+        consumer: &mut Consumer<'static>,
+        mut mine: Option<(u64, &mut Vec<u8>)>,
+    ) -> Result<Mine, Status> {
+        let corrupt = |what: &str| {
+            Status::internal(format!(
+                "service `{}` wrote a malformed response ({what}); the connection was closed",
+                self.service
+            ))
+        };
+        loop {
+            let record = match consumer.peek() {
+                Ok(Some(record)) => record,
+                Ok(None) => return Ok(Mine::NotYet),
+                Err(e) => return Err(corrupt(&e.to_string())),
+            };
+            let body = record.body();
+            if body.len() < HEADER_LEN {
+                return Err(corrupt("record shorter than a header"));
+            }
+            // SAFETY: body has at least HEADER_LEN bytes.
+            let h = unsafe { WireHeader::read_from(body.as_ptr()) };
+            if h.kind != kind::RESPONSE {
+                return Err(corrupt("not a response"));
+            }
+            h.validate_shape(self.config.max_message, body.len() - HEADER_LEN)
+                .map_err(corrupt)?;
+            let code = Code::from_u16(h.status).ok_or_else(|| corrupt("unknown status code"))?;
+            let fragment = &body[HEADER_LEN..HEADER_LEN + h.frag_len as usize];
+            let index = (h.call_id & 0xffff_ffff) as usize;
+            let generation = (h.call_id >> 32) as u32;
+            let live = self.slots.get(index).is_some_and(|s| {
+                s.generation.load(Ordering::Relaxed) == generation
+                    && s.state.load(Ordering::Acquire) == WAITING
+            });
+            if !live {
+                record.release();
+                continue; // a reply to an abandoned call
+            }
+            let whole = h.frag_len == h.body_len;
+            if whole {
+                if let Some((id, ref mut out)) = mine {
+                    if id == h.call_id {
+                        let result = decode_body(&h, code, fragment, out);
+                        record.release();
+                        return Ok(Mine::Done(result));
+                    }
+                }
+                let mut payload = Vec::new();
+                let result = decode_body(&h, code, fragment, &mut payload)
+                    .map(|metadata| Reply { metadata, payload });
+                record.release();
+                self.deliver(index, result);
+                continue;
+            }
+            // A fragment: collect it; decode once the body is complete.
+            let complete = {
+                let mut partial = lock(&self.slots[index].partial);
+                if h.frag_offset == 0 || partial.0.len() != h.body_len as usize {
+                    *partial = (vec![0; h.body_len as usize], 0);
+                }
+                let off = h.frag_offset as usize;
+                partial.0[off..off + fragment.len()].copy_from_slice(fragment);
+                partial.1 += fragment.len();
+                (partial.1 >= partial.0.len()).then(|| std::mem::take(&mut partial.0))
+            };
+            record.release();
+            if let Some(body) = complete {
+                lock(&self.slots[index].partial).1 = 0;
+                let mut payload = Vec::new();
+                let result = decode_body(&h, code, &body, &mut payload);
+                if let Some((id, ref mut out)) = mine {
+                    if id == h.call_id {
+                        out.extend_from_slice(&payload);
+                        return Ok(Mine::Done(result));
+                    }
+                }
+                self.deliver(index, result.map(|metadata| Reply { metadata, payload }));
+            }
+        }
+    }
+
+    /// The reaper: collects responses for async calls.
+    fn reap(self: Arc<Self>) {
+        let policy = WaitPolicy {
+            spin: self.config.wait.spin.min(Duration::from_micros(20)),
+            ..self.config.wait
+        };
+        while !self.stopping.load(Ordering::Acquire) {
+            if self.async_waiters.load(Ordering::Acquire) == 0 {
+                thread::park_timeout(Duration::from_millis(100));
+                continue;
+            }
+            let mut consumer = lock(&self.consumer);
+            if let Err(status) = self.drain(&mut consumer, None) {
+                drop(consumer);
+                self.fail(status);
+                continue;
+            }
+            self.expire_async();
+            if self.dead.load(Ordering::Acquire) {
+                drop(consumer);
+                self.wake_everyone();
+                thread::park_timeout(Duration::from_millis(10));
+                continue;
+            }
+            let _ = netless_ring::wait(
+                self.conn.doorbell(),
+                &policy,
+                Some(Instant::now() + Duration::from_millis(5)),
+                MAX_SLEEP,
+                || {
+                    (consumer.has_next()
+                        || self.dead.load(Ordering::Acquire)
+                        || self.stopping.load(Ordering::Acquire)
+                        || self.async_waiters.load(Ordering::Acquire) == 0)
+                        .then_some(())
+                },
+            );
+            drop(consumer);
+            self.after_consumer_release();
+        }
+    }
+
+    fn expire_async(&self) {
+        let now = Instant::now();
+        for (index, slot) in self.slots.iter().enumerate() {
+            if slot.state.load(Ordering::Acquire) == WAITING
+                && slot.is_async.load(Ordering::Relaxed)
+                && lock(&slot.deadline).is_some_and(|d| d <= now)
+            {
+                self.deliver(index, Err(deadline_status()));
+            }
+        }
+    }
+}
+
+fn deadline_status() -> Status {
+    Status::deadline_exceeded("deadline expired before the server replied")
+}
+
+/// Decodes a whole response body: metadata, then payload (or the status message).
+fn decode_body(
+    h: &WireHeader,
+    code: Code,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<Metadata, Status> {
+    let method_len = h.method_len as usize;
+    let md_end = method_len + h.metadata_len as usize;
+    let metadata = Metadata::decode(&body[method_len..md_end])?;
+    let rest = &body[md_end..];
+    if code == Code::Ok {
+        out.extend_from_slice(rest);
+        Ok(metadata)
+    } else {
+        Err(Status::new(
+            code,
+            String::from_utf8_lossy(rest).into_owned(),
+        ))
+    }
+}
+
+/// Copies bytes `[offset, offset + len)` of the concatenation of `pieces` to `dst`.
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes of writes.
+pub(crate) unsafe fn copy_body_range(
+    pieces: &[&[u8]],
+    mut offset: usize,
+    mut len: usize,
+    mut dst: *mut u8,
+) {
+    for piece in pieces {
+        if len == 0 {
+            break;
+        }
+        if offset >= piece.len() {
+            offset -= piece.len();
+            continue;
+        }
+        let n = (piece.len() - offset).min(len);
+        // SAFETY: n bytes are readable from piece[offset..] and writable at dst (the caller
+        // guarantees len bytes, and n <= len).
+        unsafe {
+            std::ptr::copy_nonoverlapping(piece.as_ptr().add(offset), dst, n);
+            dst = dst.add(n);
+        }
+        len -= n;
+        offset = 0;
+    }
+}
+
+enum AsyncState {
+    Ring { index: usize },
+    Thread(Arc<Oneshot>),
+    Failed(Option<Status>),
+    Finished,
+}
+
+/// The result of a call run on a helper thread, and the waker of the task awaiting it.
+type OneshotState = (Option<Result<Reply, Status>>, Option<Waker>);
+
+#[derive(Default)]
+struct Oneshot {
+    value: Mutex<OneshotState>,
+}
+
+impl Oneshot {
+    fn complete(&self, value: Result<Reply, Status>) {
+        let waker = {
+            let mut v = lock(&self.value);
+            v.0 = Some(value);
+            v.1.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+struct CallFuture {
+    client: Client,
+    state: AsyncState,
+    deadline: Option<Instant>,
+}
+
+impl Future for CallFuture {
+    type Output = Result<Reply, Status>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let shared = this.client.handle.shared.clone();
+        match &mut this.state {
+            AsyncState::Finished => {
+                Poll::Ready(Err(Status::internal("future polled after completion")))
+            }
+            AsyncState::Failed(status) => {
+                let status = status
+                    .take()
+                    .unwrap_or_else(|| Status::internal("no status"));
+                this.state = AsyncState::Finished;
+                Poll::Ready(Err(status))
+            }
+            AsyncState::Thread(cell) => {
+                let mut v = lock(&cell.value);
+                match v.0.take() {
+                    Some(result) => {
+                        drop(v);
+                        this.state = AsyncState::Finished;
+                        Poll::Ready(result)
+                    }
+                    None => {
+                        v.1 = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                }
+            }
+            AsyncState::Ring { index, .. } => {
+                let index = *index;
+                let slot = &shared.slots[index];
+                let finish = |this: &mut CallFuture, result| {
+                    shared.async_waiters.fetch_sub(1, Ordering::AcqRel);
+                    this.state = AsyncState::Finished;
+                    Poll::Ready(result)
+                };
+                if slot.state.load(Ordering::Acquire) == DONE {
+                    return finish(this, shared.take_reply(index));
+                }
+                if let Ok(mut consumer) = shared.consumer.try_lock() {
+                    let drained = shared.drain(&mut consumer, None);
+                    drop(consumer);
+                    shared.after_consumer_release();
+                    if let Err(status) = drained {
+                        shared.fail(status);
+                    }
+                }
+                *lock(&slot.waker) = Some(cx.waker().clone());
+                if slot.state.load(Ordering::Acquire) == DONE {
+                    return finish(this, shared.take_reply(index));
+                }
+                let expired = this.deadline.is_some_and(|d| Instant::now() >= d);
+                if shared.dead.load(Ordering::Acquire) || expired {
+                    let mut out = Vec::new();
+                    let result = match shared.abandon(index, &mut out) {
+                        Some(r) => r.map(|metadata| Reply {
+                            metadata,
+                            payload: out,
+                        }),
+                        None if expired => Err(deadline_status()),
+                        None => Err(shared.death_status()),
+                    };
+                    return finish(this, result);
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for CallFuture {
+    fn drop(&mut self) {
+        if let AsyncState::Ring { index, .. } = self.state {
+            let shared = &self.client.handle.shared;
+            *lock(&shared.slots[index].waker) = None;
+            let mut out = Vec::new();
+            let _ = shared.abandon(index, &mut out);
+            shared.async_waiters.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Shared {
+    /// Bytes of this connection's segment handle (for fault injection in tests).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn replica(&self) -> &ReplicaSegment {
+        &self.replica
+    }
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn conn_identity(&self) -> (u32, u64) {
+        (self.conn_index, self.token)
+    }
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn claim_for_fault(&self, count: u32) -> Option<u32> {
+        self.lease.claim(self.replica.table(), count)
+    }
+}

@@ -1,0 +1,86 @@
+//! Test-only fault injection (feature `fault-injection`): lets a test play a faulty or
+//! malicious peer that writes garbage into shared memory, so the other side's validation can
+//! be exercised across real processes. Never enabled in normal builds.
+
+use crate::client::Client;
+use crate::layout::{block_state, kind, WireHeader, HEADER_LEN};
+use crate::sync::Ordering;
+
+/// Ways a faulty client can corrupt a replica's shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientFault {
+    /// A request whose fragment length exceeds the blocks it occupies.
+    BadLength,
+    /// A request whose block run extends past the end of the buffer.
+    BadOffset,
+    /// A request pointing at blocks leased to nobody.
+    ForeignBlocks,
+    /// A request whose body length exceeds the maximum message size.
+    HugeBody,
+    /// Out-of-range block indexes and garbage words written straight into the queue.
+    GarbageQueue,
+    /// A queue entry for a request with a wrong sequence/kind field.
+    BadKind,
+}
+
+/// Makes `client` misbehave as `fault` says. The server should close this client's
+/// connection (or drop the garbage) and keep serving everyone else.
+pub fn inject(client: &Client, fault: ClientFault) {
+    let shared = client.shared();
+    let replica = shared.replica();
+    let (conn_index, token) = shared.conn_identity();
+    let table = replica.table();
+    let nblocks = table.len() as u32;
+    let block = replica.block_size();
+    let mut header = WireHeader {
+        token,
+        call_id: 0xdead_0000_0001,
+        conn_index,
+        kind: kind::REQUEST,
+        body_len: 16,
+        frag_len: 16,
+        method_len: 4,
+        nblocks: 1,
+        ..WireHeader::default()
+    };
+    let queue = replica.queue();
+    match fault {
+        ClientFault::GarbageQueue => {
+            for value in [u32::MAX, nblocks, nblocks + 7, 0x8000_0000] {
+                let _ = queue.try_enqueue(value);
+            }
+            // And a free (unleased) block with a plausible header.
+            write_at(replica, nblocks - 1, &header);
+            let _ = queue.try_enqueue(nblocks - 1);
+            netless_ring::ring(replica.doorbell());
+            return;
+        }
+        ClientFault::BadLength => header.frag_len = (block * 4) as u32,
+        ClientFault::BadOffset => header.nblocks = nblocks + 10,
+        ClientFault::HugeBody => {
+            header.body_len = u32::MAX;
+            header.frag_len = 16;
+        }
+        ClientFault::BadKind => header.kind = 77,
+        ClientFault::ForeignBlocks => {}
+    }
+    // Lease one block under our real tag: find one of ours via a real claim.
+    let start = if fault == ClientFault::ForeignBlocks {
+        (0..nblocks)
+            .rev()
+            .find(|&b| table[b as usize].load(Ordering::Acquire) == block_state::FREE)
+            .expect("a free block")
+    } else {
+        shared.claim_for_fault(1).expect("a block")
+    };
+    write_at(replica, start, &header);
+    let _ = queue.try_enqueue(start);
+    netless_ring::ring(replica.doorbell());
+}
+
+fn write_at(replica: &crate::segments::ReplicaSegment, block: u32, header: &WireHeader) {
+    if let Some(dst) = replica.block_run(block, 1) {
+        // SAFETY: dst is a whole block inside the mapping; this is deliberate test garbage.
+        unsafe { std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN) };
+    }
+}

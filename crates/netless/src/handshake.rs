@@ -1,0 +1,121 @@
+//! The connection handshake over the service's Unix socket: who sends which fd, and the small
+//! frames exchanged before shared memory takes over.
+//!
+//! Client → server: `Hello` with the client's connection segment (its response ring).
+//! Server → client: `Welcome` with the replica segment, or `Reject` with a status.
+//! Afterwards the socket stays open and silent: its hang-up is each side's death notice; the
+//! server may send one `Goodbye` (a status saying why) before it closes a connection.
+//! Decoding refuses anything malformed; it never panics.
+
+use crate::status::{Code, Status};
+
+const HELLO: u8 = 1;
+const WELCOME: u8 = 2;
+const REJECT: u8 = 3;
+const GOODBYE: u8 = 4;
+/// Protocol version carried in `Hello` and `Welcome`.
+pub(crate) const PROTOCOL_VERSION: u32 = 1;
+
+/// A handshake frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Frame {
+    Hello {
+        version: u32,
+    },
+    Welcome {
+        version: u32,
+        conn_index: u32,
+        tag: u32,
+        token: u64,
+    },
+    Reject(Status),
+    Goodbye(Status),
+}
+
+impl Frame {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(32);
+        match self {
+            Frame::Hello { version } => {
+                out.push(HELLO);
+                out.extend_from_slice(&version.to_le_bytes());
+            }
+            Frame::Welcome {
+                version,
+                conn_index,
+                tag,
+                token,
+            } => {
+                out.push(WELCOME);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&conn_index.to_le_bytes());
+                out.extend_from_slice(&tag.to_le_bytes());
+                out.extend_from_slice(&token.to_le_bytes());
+            }
+            Frame::Reject(status) | Frame::Goodbye(status) => {
+                out.push(if matches!(self, Frame::Reject(_)) {
+                    REJECT
+                } else {
+                    GOODBYE
+                });
+                out.extend_from_slice(&(status.code() as u16).to_le_bytes());
+                out.extend_from_slice(status.message().as_bytes());
+            }
+        }
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Frame> {
+        let (&tag, rest) = bytes.split_first()?;
+        let u32_at = |i: usize| -> Option<u32> {
+            Some(u32::from_le_bytes(rest.get(i..i + 4)?.try_into().ok()?))
+        };
+        match tag {
+            HELLO if rest.len() == 4 => Some(Frame::Hello {
+                version: u32_at(0)?,
+            }),
+            WELCOME if rest.len() == 20 => Some(Frame::Welcome {
+                version: u32_at(0)?,
+                conn_index: u32_at(4)?,
+                tag: u32_at(8)?,
+                token: u64::from_le_bytes(rest.get(12..20)?.try_into().ok()?),
+            }),
+            REJECT | GOODBYE if rest.len() >= 2 => {
+                let code = Code::from_u16(u16::from_le_bytes([rest[0], rest[1]]))?;
+                let message = String::from_utf8_lossy(&rest[2..]).into_owned();
+                let status = Status::new(code, message);
+                Some(if tag == REJECT {
+                    Frame::Reject(status)
+                } else {
+                    Frame::Goodbye(status)
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        for f in [
+            Frame::Hello { version: 1 },
+            Frame::Welcome {
+                version: 1,
+                conn_index: 3,
+                tag: 9,
+                token: u64::MAX,
+            },
+            Frame::Reject(Status::new(Code::PermissionDenied, "no")),
+            Frame::Goodbye(Status::new(Code::Unavailable, "bye")),
+        ] {
+            assert_eq!(Frame::decode(&f.encode()), Some(f));
+        }
+        assert_eq!(Frame::decode(&[]), None);
+        assert_eq!(Frame::decode(&[2, 1]), None);
+        assert_eq!(Frame::decode(&[3, 99, 0]), None);
+    }
+}

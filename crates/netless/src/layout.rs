@@ -1,0 +1,255 @@
+//! The RPC layer's shared-memory layouts: the replica segment, the connection segment and the
+//! 64-byte message header.
+//!
+//! This is the only module that turns raw pointers into these structs. Every struct here is
+//! plain integers (`#[repr(C)]`, any bit pattern is a valid value), read from shared memory as
+//! one snapshot and validated before use; nothing here trusts a peer.
+//!
+//! Replica segment (created by the server, passed to each client at connect):
+//!
+//! ```text
+//! 0        ReplicaHeader    geometry, written once by the server before any client attaches
+//! 128      DoorbellWords    workers' sleep counter + futex word
+//! q_off    ReceiveQueue     MPSC queue of u32 block indexes (netless-ring)
+//! t_off    block table      one AtomicU32 per block: FREE, OWNED(tag) or CACHED(tag)
+//! s_off    blocks           nblocks × block_size bytes; a request occupies a run of blocks
+//! ```
+//!
+//! Connection segment (created by the client, passed to the server at connect):
+//!
+//! ```text
+//! 0        ConnHeader       geometry
+//! 128      DoorbellWords    the client's sleep counter + futex word
+//! r_off    ResponseRing     SPSC ring of response records (netless-ring)
+//! ```
+
+use crate::sync::AtomicU32;
+
+/// Version of every layout in this file; checked at attach.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Magic at the start of a replica segment.
+pub const REPLICA_MAGIC: u64 = u64::from_le_bytes(*b"NLREPLIC");
+/// Magic at the start of a connection segment.
+pub const CONN_MAGIC: u64 = u64::from_le_bytes(*b"NLCONNEC");
+/// Offset of the doorbell words in both segments.
+pub const DOORBELL_OFFSET: usize = 128;
+
+/// Geometry of a replica segment, written by the server.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaHeader {
+    pub magic: u64,
+    pub version: u32,
+    pub block_size: u32,
+    pub nblocks: u32,
+    pub queue_capacity: u32,
+    pub max_message: u32,
+    pub max_connections: u32,
+    pub queue_offset: u64,
+    pub table_offset: u64,
+    pub blocks_offset: u64,
+    pub total_len: u64,
+}
+const _: () = assert!(std::mem::size_of::<ReplicaHeader>() == 64);
+
+/// Geometry of a connection segment, written by the client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnHeader {
+    pub magic: u64,
+    pub version: u32,
+    pub ring_slots: u32,
+    pub ring_offset: u64,
+    pub total_len: u64,
+}
+const _: () = assert!(std::mem::size_of::<ConnHeader>() == 32);
+
+/// Message kinds in [`WireHeader::kind`].
+pub mod kind {
+    /// A request (or a fragment of one), client → server.
+    pub const REQUEST: u16 = 1;
+    /// A response (or a fragment of one), server → client.
+    pub const RESPONSE: u16 = 2;
+}
+
+/// The 64-byte header in front of every message.
+///
+/// A message body is `method bytes ++ metadata encoding ++ payload`, `body_len` bytes in all.
+/// Bodies too large for one block run (requests) or one ring record (responses) travel as
+/// fragments: each carries `frag_len` bytes of the body starting at `frag_offset`. For an error
+/// response the payload is the UTF-8 status message.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireHeader {
+    /// Request: the connection's secret token. Response: zero.
+    pub token: u64,
+    /// Chosen by the client; the response echoes it.
+    pub call_id: u64,
+    /// CLOCK_MONOTONIC nanoseconds after which the client no longer waits; 0 for none.
+    pub deadline_ns: u64,
+    /// Request: the connection's index in the server's table.
+    pub conn_index: u32,
+    /// One of [`kind`].
+    pub kind: u16,
+    /// Response: the gRPC status code.
+    pub status: u16,
+    /// Length of the whole body.
+    pub body_len: u32,
+    /// Where this fragment's bytes start in the body.
+    pub frag_offset: u32,
+    /// Bytes of body in this fragment (they follow the header).
+    pub frag_len: u32,
+    /// Length of the method name at the start of the body.
+    pub method_len: u32,
+    /// Length of the metadata encoding after the method.
+    pub metadata_len: u32,
+    /// Request: number of blocks in the run holding this message.
+    pub nblocks: u32,
+    pub reserved: [u32; 2],
+}
+/// Size of [`WireHeader`].
+pub const HEADER_LEN: usize = 64;
+const _: () = assert!(std::mem::size_of::<WireHeader>() == HEADER_LEN);
+
+impl WireHeader {
+    /// The header as bytes, to copy into shared memory.
+    pub fn as_bytes(&self) -> &[u8; HEADER_LEN] {
+        // SAFETY: WireHeader is repr(C), 64 bytes of plain integers with no padding (checked by
+        // the const assert), so viewing it as bytes is sound.
+        unsafe { &*(self as *const WireHeader as *const [u8; HEADER_LEN]) }
+    }
+
+    /// Reads a header from bytes another process may be writing: one copy, then only the copy
+    /// is used. Any bit pattern is a valid `WireHeader`; validation is the caller's.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of [`HEADER_LEN`] bytes.
+    pub unsafe fn read_from(src: *const u8) -> WireHeader {
+        // SAFETY: the caller guarantees 64 readable bytes; read_unaligned copies them without
+        // assuming alignment, and every bit pattern is a valid WireHeader.
+        unsafe { std::ptr::read_unaligned(src as *const WireHeader) }
+    }
+
+    /// Checks the body-shape fields against `max_message` and `frag_capacity` (bytes of body
+    /// that fit in the container this fragment came in).
+    pub fn validate_shape(
+        &self,
+        max_message: usize,
+        frag_capacity: usize,
+    ) -> Result<(), &'static str> {
+        let body = self.body_len as usize;
+        let frag = self.frag_len as usize;
+        let off = self.frag_offset as usize;
+        if body > max_message {
+            return Err("body longer than the maximum message size");
+        }
+        if frag > frag_capacity {
+            return Err("fragment longer than its container");
+        }
+        if off.checked_add(frag).is_none_or(|end| end > body) {
+            return Err("fragment outside the body");
+        }
+        if frag == 0 && body != 0 {
+            return Err("empty fragment of a non-empty body");
+        }
+        if (self.method_len as usize)
+            .checked_add(self.metadata_len as usize)
+            .is_none_or(|n| n > body)
+        {
+            return Err("method and metadata longer than the body");
+        }
+        Ok(())
+    }
+}
+
+/// Block-table word encoding: `0` is FREE; otherwise the low 31 bits are the owning
+/// connection's tag and the top bit says CACHED (the message is done; the block stays leased to
+/// that connection for its next message) versus OWNED (holds a message being sent or served).
+pub mod block_state {
+    /// A free block.
+    pub const FREE: u32 = 0;
+    /// Set in a leased block whose message is finished.
+    pub const CACHED_BIT: u32 = 1 << 31;
+
+    /// OWNED by `tag`.
+    pub const fn owned(tag: u32) -> u32 {
+        tag
+    }
+    /// CACHED for `tag`.
+    pub const fn cached(tag: u32) -> u32 {
+        tag | CACHED_BIT
+    }
+    /// The tag of a non-free word.
+    pub const fn tag_of(word: u32) -> u32 {
+        word & !CACHED_BIT
+    }
+}
+
+/// A connection's tag: its table index plus one, and a generation so a reused index gets a new
+/// tag. Never zero, never has the CACHED bit.
+pub fn conn_tag(index: u32, generation: u32) -> u32 {
+    ((generation & 0x7fff) << 16) | ((index & 0xffff) + 1)
+}
+
+/// Rounds `n` up to a multiple of 64.
+pub const fn align64(n: usize) -> usize {
+    (n + 63) & !63
+}
+
+/// Views `count` atomics at `ptr`.
+///
+/// # Safety
+/// `ptr` must be 4-byte aligned and valid for `count` u32s for `'a`, and that memory must only
+/// ever be accessed atomically (it is shared with other processes).
+pub unsafe fn atomic_u32_slice<'a>(ptr: *mut u8, count: usize) -> &'a [AtomicU32] {
+    // SAFETY: guaranteed by the caller; AtomicU32 has the same layout as u32.
+    unsafe { std::slice::from_raw_parts(ptr as *const AtomicU32, count) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_bytes_round_trip() {
+        let h = WireHeader {
+            token: 7,
+            call_id: 9,
+            body_len: 100,
+            frag_len: 100,
+            method_len: 4,
+            ..Default::default()
+        };
+        // SAFETY: the buffer is 64 bytes.
+        let back = unsafe { WireHeader::read_from(h.as_bytes().as_ptr()) };
+        assert_eq!(h, back);
+        assert!(back.validate_shape(1000, 1000).is_ok());
+    }
+
+    #[test]
+    fn shape_validation_refuses_overflow() {
+        let h = WireHeader {
+            body_len: 10,
+            frag_offset: u32::MAX,
+            frag_len: 5,
+            ..Default::default()
+        };
+        assert!(h.validate_shape(100, 100).is_err());
+        let h = WireHeader {
+            body_len: 10,
+            frag_len: 10,
+            method_len: u32::MAX,
+            metadata_len: 2,
+            ..Default::default()
+        };
+        assert!(h.validate_shape(100, 100).is_err());
+    }
+
+    #[test]
+    fn tags() {
+        let t = conn_tag(0, 0);
+        assert_ne!(t, 0);
+        assert_eq!(block_state::tag_of(block_state::cached(t)), t);
+        assert_ne!(conn_tag(5, 1), conn_tag(5, 2));
+    }
+}

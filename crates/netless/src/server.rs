@@ -1,0 +1,904 @@
+//! The server: binds a service's socket, admits connections, and runs worker threads that
+//! pull requests from the replica's one shared receive queue (single-queue dispatch).
+//!
+//! The acceptor thread owns the connection table: it checks `SO_PEERCRED` against the ACL
+//! before any fd is passed, performs the handshake, and watches every connection's socket. A
+//! hang-up is the kernel's notice that the client died: the connection is retired and, once
+//! no worker can still be touching its requests, every block carrying its tag is freed.
+//!
+//! Workers validate every request against the connection table (index, secret token, block
+//! ownership, lengths) before reading it. A connection whose requests fail validation is
+//! closed with a `Goodbye`; unattributable garbage is counted and dropped. No byte a client
+//! wrote can make a worker panic, read out of bounds or wait forever.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use netless_ring::{ConsumerHead, Dequeue, Producer, PushError};
+use netless_shm::{peer_cred, recv_frame, send_frame, service_socket_path, socket_dir};
+
+use crate::call::{Request, ResponseBuilder};
+use crate::config::ServerConfig;
+use crate::handshake::{Frame, PROTOCOL_VERSION};
+use crate::layout::{block_state, conn_tag, kind, WireHeader, HEADER_LEN};
+use crate::metadata::Metadata;
+use crate::segments::{ConnSegment, ReplicaSegment};
+use crate::status::{Code, Status};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Serves one method table. Implemented for closures.
+///
+/// ```
+/// use netless::{Handler, Request, ResponseBuilder, Status};
+/// let echo = |req: &Request<'_>, resp: &mut ResponseBuilder| -> Result<(), Status> {
+///     resp.payload.extend_from_slice(req.payload);
+///     Ok(())
+/// };
+/// fn is_handler(_: &impl Handler) {}
+/// is_handler(&echo);
+/// ```
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one request, writing the response into `response`; an `Err` becomes the call's
+    /// status.
+    fn call(&self, request: &Request<'_>, response: &mut ResponseBuilder) -> Result<(), Status>;
+}
+
+impl<F> Handler for F
+where
+    F: Fn(&Request<'_>, &mut ResponseBuilder) -> Result<(), Status> + Send + Sync + 'static,
+{
+    fn call(&self, request: &Request<'_>, response: &mut ResponseBuilder) -> Result<(), Status> {
+        self(request, response)
+    }
+}
+
+/// Counters describing a running server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections currently open.
+    pub connections: u32,
+    /// Requests answered.
+    pub requests: u64,
+    /// Requests whose handler returned an error status.
+    pub errors: u64,
+    /// Queue entries or requests dropped as corrupt or unattributable.
+    pub dropped: u64,
+    /// Connections closed for violating the protocol.
+    pub protocol_violations: u64,
+    /// Blocks of the receive buffer that are free (not leased to any connection).
+    pub free_blocks: u32,
+    /// Blocks in the receive buffer.
+    pub total_blocks: u32,
+}
+
+/// A running netless server for one service. Stops (and removes its socket) when dropped or
+/// on [`Server::shutdown`].
+///
+/// ```no_run
+/// use netless::{Server, ServerConfig, Request, ResponseBuilder, Status};
+/// let server = Server::bind("demo.Echo", ServerConfig::default(),
+///     |req: &Request<'_>, resp: &mut ResponseBuilder| -> Result<(), Status> {
+///         resp.payload.extend_from_slice(req.payload);
+///         Ok(())
+///     })?;
+/// server.wait();
+/// # Ok::<(), netless::Status>(())
+/// ```
+pub struct Server {
+    shared: Arc<ServerShared>,
+    threads: Vec<JoinHandle<()>>,
+    stop: OwnedFd,
+}
+
+struct ServerShared {
+    service: String,
+    socket_path: PathBuf,
+    config: ServerConfig,
+    replica: ReplicaSegment,
+    head: ConsumerHead,
+    slots: Box<[ConnSlot]>,
+    handler: Box<dyn Handler>,
+    stopping: AtomicBool,
+    requests: AtomicU64,
+    errors: AtomicU64,
+    dropped: AtomicU64,
+    violations: AtomicU64,
+    connections: AtomicU32,
+    #[cfg(feature = "fault-injection")]
+    corrupt_responses: AtomicU32,
+}
+
+struct ConnSlot {
+    /// The live connection's tag, or 0.
+    tag: AtomicU32,
+    conn: RwLock<Option<Arc<Conn>>>,
+}
+
+struct Conn {
+    index: u32,
+    tag: u32,
+    token: u64,
+    segment: ConnSegment,
+    producer: Mutex<Producer<'static>>,
+    socket: UnixStream,
+    dead: AtomicBool,
+    in_flight: AtomicU32,
+    partials: Mutex<HashMap<u64, Partial>>,
+}
+
+/// A fragmented request being reassembled.
+struct Partial {
+    body: Vec<u8>,
+    received: usize,
+}
+
+/// Most fragmented requests one connection may have half-sent at once.
+const MAX_PARTIALS: usize = 16;
+/// How long a retired connection waits before its blocks are freed, so that a worker which
+/// has just dequeued one of its requests has finished looking at it.
+const RECLAIM_GRACE: Duration = Duration::from_millis(20);
+/// Handshake time limit per connection.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Conn {
+    /// Closes the connection, telling the client why.
+    fn close(&self, status: Status) {
+        if self.dead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self
+            .socket
+            .set_write_timeout(Some(Duration::from_millis(10)));
+        let _ = send_frame(&self.socket, &Frame::Goodbye(status).encode(), &[]);
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Server {
+    /// Binds `service` and starts serving it with `handler`.
+    ///
+    /// Fails with `ALREADY_EXISTS` if a live server already serves that name in the socket
+    /// directory (a stale socket from a dead server is replaced).
+    pub fn bind(
+        service: &str,
+        config: ServerConfig,
+        handler: impl Handler,
+    ) -> Result<Server, Status> {
+        config.validate()?;
+        let dir = match &config.dir {
+            Some(d) => d.clone(),
+            None => {
+                socket_dir().map_err(|e| Status::unavailable(format!("socket directory: {e}")))?
+            }
+        };
+        let socket_path = service_socket_path(&dir, service)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if socket_path.exists() {
+            if UnixStream::connect(&socket_path).is_ok() {
+                return Err(Status::new(
+                    Code::AlreadyExists,
+                    format!(
+                        "service `{service}` is already served at {}: stop that server or pick another name",
+                        socket_path.display()
+                    ),
+                ));
+            }
+            let _ = std::fs::remove_file(&socket_path);
+        }
+        let nblocks = (config.buffer_bytes / config.block_size as usize) as u32;
+        let replica = ReplicaSegment::create(
+            service,
+            config.block_size,
+            nblocks,
+            config.max_message as u32,
+            config.max_connections,
+        )?;
+        let listener = UnixListener::bind(&socket_path).map_err(|e| {
+            Status::unavailable(format!("cannot bind {}: {e}", socket_path.display()))
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Status::internal(format!("listener: {e}")))?;
+        let shared = Arc::new(ServerShared {
+            service: service.to_string(),
+            socket_path,
+            head: ConsumerHead::new(),
+            slots: (0..config.max_connections)
+                .map(|_| ConnSlot {
+                    tag: AtomicU32::new(0),
+                    conn: RwLock::new(None),
+                })
+                .collect(),
+            handler: Box::new(handler),
+            stopping: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            violations: AtomicU64::new(0),
+            connections: AtomicU32::new(0),
+            #[cfg(feature = "fault-injection")]
+            corrupt_responses: AtomicU32::new(0),
+            replica,
+            config,
+        });
+        let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+            .map_err(|e| Status::resource_exhausted(format!("eventfd: {e}")))?;
+        let mut threads = Vec::new();
+        for worker in 0..shared.config.workers {
+            let shared = shared.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("netless-worker-{worker}"))
+                .spawn(move || shared.work(worker));
+            threads.push(
+                spawned.map_err(|e| Status::resource_exhausted(format!("spawn worker: {e}")))?,
+            );
+        }
+        {
+            let shared = shared.clone();
+            let stop = stop
+                .try_clone()
+                .map_err(|e| Status::resource_exhausted(format!("dup: {e}")))?;
+            let spawned = thread::Builder::new()
+                .name("netless-acceptor".into())
+                .spawn(move || shared.accept_loop(listener, stop));
+            threads.push(
+                spawned.map_err(|e| Status::resource_exhausted(format!("spawn acceptor: {e}")))?,
+            );
+        }
+        Ok(Server {
+            shared,
+            threads,
+            stop,
+        })
+    }
+
+    /// The service name.
+    pub fn service(&self) -> &str {
+        &self.shared.service
+    }
+
+    /// The Unix socket clients connect to.
+    pub fn socket_path(&self) -> &Path {
+        &self.shared.socket_path
+    }
+
+    /// A snapshot of the server's counters.
+    pub fn stats(&self) -> ServerStats {
+        let table = self.shared.replica.table();
+        ServerStats {
+            connections: self.shared.connections.load(Ordering::Relaxed),
+            requests: self.shared.requests.load(Ordering::Relaxed),
+            errors: self.shared.errors.load(Ordering::Relaxed),
+            dropped: self.shared.dropped.load(Ordering::Relaxed),
+            protocol_violations: self.shared.violations.load(Ordering::Relaxed),
+            free_blocks: table
+                .iter()
+                .filter(|w| w.load(Ordering::Relaxed) == block_state::FREE)
+                .count() as u32,
+            total_blocks: table.len() as u32,
+        }
+    }
+
+    /// Test-only: answer every call with garbage instead (1: a malformed response header,
+    /// 2: scribble over the whole response ring).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn fault_corrupt_responses(&self, mode: u32) {
+        self.shared.corrupt_responses.store(mode, Ordering::Relaxed);
+    }
+
+    /// Blocks the calling thread until the server stops (it only stops when dropped or shut
+    /// down from another thread, so this is for `main` of a server process).
+    pub fn wait(&self) {
+        while !self.shared.stopping.load(Ordering::Acquire) {
+            thread::park_timeout(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops accepting, closes every connection (their clients' calls fail with
+    /// `UNAVAILABLE`), joins the threads and removes the socket.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if self.shared.stopping.swap(true, Ordering::AcqRel) && self.threads.is_empty() {
+            return;
+        }
+        let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
+        netless_ring::ring_all(self.shared.replica.doorbell());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for slot in self.shared.slots.iter() {
+            if let Some(conn) = slot.conn.write().unwrap_or_else(|e| e.into_inner()).take() {
+                conn.close(Status::unavailable(format!(
+                    "service `{}` is shutting down",
+                    self.shared.service
+                )));
+            }
+        }
+        let _ = std::fs::remove_file(&self.shared.socket_path);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("service", &self.shared.service)
+            .field("socket", &self.shared.socket_path)
+            .finish()
+    }
+}
+
+/// A retired connection waiting for its blocks to be freed.
+struct Dying {
+    conn: Arc<Conn>,
+    tail_at_death: u64,
+    since: Instant,
+}
+
+impl ServerShared {
+    fn accept_loop(&self, listener: UnixListener, stop: OwnedFd) {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let mut live: HashMap<RawFd, Arc<Conn>> = HashMap::new();
+        let mut dying: Vec<Dying> = Vec::new();
+        let mut generation = 0u32;
+        while !self.stopping.load(Ordering::Acquire) {
+            let conns: Vec<Arc<Conn>> = live.values().cloned().collect();
+            let mut fds = Vec::with_capacity(conns.len() + 2);
+            fds.push(PollFd::new(&stop, PollFlags::IN));
+            fds.push(PollFd::new(&listener, PollFlags::IN));
+            for c in &conns {
+                fds.push(PollFd::new(&c.socket, PollFlags::IN));
+            }
+            let timeout = rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: if dying.is_empty() {
+                    200_000_000
+                } else {
+                    5_000_000
+                },
+            };
+            match poll(&mut fds, Some(&timeout)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    tracing::error!("netless acceptor poll failed: {e}");
+                    thread::sleep(Duration::from_millis(10));
+                }
+            }
+            if !fds[0].revents().is_empty() {
+                break;
+            }
+            let accept_ready = !fds[1].revents().is_empty();
+            let hung: Vec<Arc<Conn>> = fds[2..]
+                .iter()
+                .zip(&conns)
+                .filter(|(fd, c)| !fd.revents().is_empty() || c.dead.load(Ordering::Acquire))
+                .map(|(_, c)| c.clone())
+                .collect();
+            drop(fds);
+            for conn in hung {
+                // Any byte or hang-up on a connection's socket ends it: clients send nothing
+                // after the handshake.
+                let mut probe = [0u8; 1];
+                let _ = conn.socket.set_nonblocking(true);
+                let peer_gone = !matches!((&conn.socket).read(&mut probe), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock);
+                if !peer_gone && !conn.dead.load(Ordering::Acquire) {
+                    continue;
+                }
+                live.remove(&conn.socket.as_raw_fd());
+                self.retire(&conn);
+                dying.push(Dying {
+                    tail_at_death: self.replica.queue().tail_hint(),
+                    since: Instant::now(),
+                    conn,
+                });
+            }
+            if accept_ready {
+                while let Ok((socket, _)) = listener.accept() {
+                    generation = generation.wrapping_add(1);
+                    if let Some(conn) = self.admit(socket, generation) {
+                        live.insert(conn.socket.as_raw_fd(), conn);
+                    }
+                }
+            }
+            dying.retain(|d| !self.try_reclaim(d));
+        }
+        for conn in live.values() {
+            conn.close(Status::unavailable(format!(
+                "service `{}` is shutting down",
+                self.service
+            )));
+        }
+    }
+
+    /// Handshake with a new client; `None` if it was refused or failed.
+    fn admit(&self, socket: UnixStream, generation: u32) -> Option<Arc<Conn>> {
+        let _ = socket.set_nonblocking(false);
+        let _ = socket.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+        let _ = socket.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
+        let reject = |status: Status| {
+            let _ = send_frame(&socket, &Frame::Reject(status).encode(), &[]);
+            None
+        };
+        // The ACL is checked before anything is read or any fd is passed.
+        match peer_cred(&socket) {
+            Ok(cred) if self.config.acl.allows(&cred) => {}
+            Ok(cred) => {
+                return reject(Status::new(
+                    Code::PermissionDenied,
+                    format!(
+                        "uid {} gid {} is not allowed to use service `{}` (its ACL admits uids {:?}, gids {:?})",
+                        cred.uid,
+                        cred.gid,
+                        self.service,
+                        self.config.acl.uids(),
+                        self.config.acl.gids()
+                    ),
+                ))
+            }
+            Err(e) => return reject(Status::unavailable(format!("cannot read peer credentials: {e}"))),
+        }
+        let (bytes, mut fds) = recv_frame(&socket, 1).ok()?;
+        match Frame::decode(&bytes) {
+            Some(Frame::Hello { version }) if version == PROTOCOL_VERSION => {}
+            Some(Frame::Hello { version }) => {
+                return reject(Status::unavailable(format!(
+                    "client speaks netless protocol {version}, server {PROTOCOL_VERSION}"
+                )))
+            }
+            _ => return reject(Status::invalid_argument("malformed handshake")),
+        }
+        let Some(fd) = fds.pop() else {
+            return reject(Status::invalid_argument(
+                "the hello carried no connection segment",
+            ));
+        };
+        let (segment, producer) = match ConnSegment::attach(fd) {
+            Ok(s) => s,
+            Err(e) => return reject(Status::invalid_argument(e)),
+        };
+        let Some(index) = self.slots.iter().position(|s| {
+            s.tag.load(Ordering::Acquire) == 0
+                && s.conn.read().map(|c| c.is_none()).unwrap_or(false)
+        }) else {
+            return reject(Status::resource_exhausted(format!(
+                "service `{}` has its maximum of {} connections",
+                self.service, self.config.max_connections
+            )));
+        };
+        let tag = conn_tag(index as u32, generation);
+        let token = random_token();
+        let conn = Arc::new(Conn {
+            index: index as u32,
+            tag,
+            token,
+            producer: Mutex::new(producer),
+            segment,
+            socket,
+            dead: AtomicBool::new(false),
+            in_flight: AtomicU32::new(0),
+            partials: Mutex::new(HashMap::new()),
+        });
+        *self.slots[index]
+            .conn
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        self.slots[index].tag.store(tag, Ordering::Release);
+        let welcome = Frame::Welcome {
+            version: PROTOCOL_VERSION,
+            conn_index: index as u32,
+            tag,
+            token,
+        };
+        if send_frame(
+            &conn.socket,
+            &welcome.encode(),
+            &[self.replica.segment().fd()],
+        )
+        .is_err()
+        {
+            self.slots[index].tag.store(0, Ordering::Release);
+            *self.slots[index]
+                .conn
+                .write()
+                .unwrap_or_else(|e| e.into_inner()) = None;
+            return None;
+        }
+        let _ = conn.socket.set_read_timeout(None);
+        let _ = conn.socket.set_write_timeout(None);
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        Some(conn)
+    }
+
+    /// Marks a connection dead so no worker serves it again.
+    fn retire(&self, conn: &Conn) {
+        conn.dead.store(true, Ordering::Release);
+        self.slots[conn.index as usize]
+            .tag
+            .store(0, Ordering::Release);
+        let _ = conn.socket.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Frees a retired connection's blocks once no worker can be touching its requests.
+    fn try_reclaim(&self, d: &Dying) -> bool {
+        let drained = self.head.position().wrapping_sub(d.tail_at_death) as i64 >= 0;
+        if !(drained
+            && d.conn.in_flight.load(Ordering::Acquire) == 0
+            && d.since.elapsed() >= RECLAIM_GRACE)
+        {
+            return false;
+        }
+        let tag = d.conn.tag;
+        for word in self.replica.table() {
+            let current = word.load(Ordering::Relaxed);
+            if current != block_state::FREE && block_state::tag_of(current) == tag {
+                let _ = word.compare_exchange(
+                    current,
+                    block_state::FREE,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        *self.slots[d.conn.index as usize]
+            .conn
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        self.connections.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+
+    fn work(&self, worker: usize) {
+        if !self.config.pin_cpus.is_empty() {
+            let cpu = self.config.pin_cpus[worker % self.config.pin_cpus.len()];
+            if let Err(e) = netless_shm::pin_current_thread(cpu) {
+                tracing::warn!("cannot pin worker {worker} to cpu {cpu}: {e}");
+            }
+        }
+        let mut cache: Vec<Option<Arc<Conn>>> = vec![None; self.slots.len()];
+        let mut response = ResponseBuilder::default();
+        let queue = self.replica.queue();
+        while !self.stopping.load(Ordering::Acquire) {
+            let item = netless_ring::wait(
+                self.replica.doorbell(),
+                &self.config.wait,
+                None,
+                Duration::from_millis(100),
+                || {
+                    if self.stopping.load(Ordering::Acquire) {
+                        return Some(None);
+                    }
+                    match queue.try_dequeue(&self.head) {
+                        Dequeue::Item(block) => Some(Some(block)),
+                        Dequeue::Skipped => {
+                            self.dropped.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
+                        Dequeue::Empty => None,
+                    }
+                },
+            );
+            if let Ok(Some(block)) = item {
+                self.serve(block, &mut cache, &mut response);
+            }
+        }
+    }
+
+    fn lookup(&self, index: u32, cache: &mut [Option<Arc<Conn>>]) -> Option<Arc<Conn>> {
+        let slot = self.slots.get(index as usize)?;
+        let tag = slot.tag.load(Ordering::Acquire);
+        if tag == 0 {
+            return None;
+        }
+        let cached = &mut cache[index as usize];
+        if cached.as_ref().is_none_or(|c| c.tag != tag) {
+            *cached = slot.conn.read().ok()?.clone();
+        }
+        cached.clone().filter(|c| c.tag == tag)
+    }
+
+    /// Validates and serves the request whose run starts at `block`.
+    fn serve(&self, block: u32, cache: &mut [Option<Arc<Conn>>], response: &mut ResponseBuilder) {
+        let replica = &self.replica;
+        let Some(first) = replica.block_run(block, 1) else {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        // SAFETY: `first` points at a whole block (>= 256 bytes) inside the mapping.
+        let h = unsafe { WireHeader::read_from(first) };
+        let Some(conn) = self.lookup(h.conn_index, cache) else {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if h.token != conn.token || conn.dead.load(Ordering::Acquire) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        conn.in_flight.fetch_add(1, Ordering::AcqRel);
+        let outcome = self.serve_conn(&conn, block, &h, response);
+        if let Err(why) = outcome {
+            self.violations.fetch_add(1, Ordering::Relaxed);
+            conn.close(Status::internal(format!(
+                "connection closed by service `{}`: the client violated the protocol ({why})",
+                self.service
+            )));
+        }
+        conn.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn serve_conn(
+        &self,
+        conn: &Conn,
+        block: u32,
+        h: &WireHeader,
+        response: &mut ResponseBuilder,
+    ) -> Result<(), &'static str> {
+        let replica = &self.replica;
+        let table = replica.table();
+        if h.kind != kind::REQUEST {
+            return Err("queue entry is not a request");
+        }
+        let run = replica
+            .block_run(block, h.nblocks)
+            .ok_or("block run outside the buffer")?;
+        let owned = block_state::owned(conn.tag);
+        let words = &table[block as usize..(block + h.nblocks) as usize];
+        if words.iter().any(|w| w.load(Ordering::Acquire) != owned) {
+            return Err("request blocks not leased to this connection");
+        }
+        let capacity = h.nblocks as usize * replica.block_size() - HEADER_LEN;
+        h.validate_shape(self.config.max_message, capacity)?;
+        // SAFETY: the run [block, block + nblocks) is inside the mapping (block_run checked it)
+        // and frag_len <= capacity, so the fragment lies within the run.
+        let fragment =
+            unsafe { std::slice::from_raw_parts(run.add(HEADER_LEN), h.frag_len as usize) };
+        let release = || {
+            for w in words {
+                let _ = w.compare_exchange(
+                    owned,
+                    block_state::cached(conn.tag),
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                );
+            }
+        };
+        if h.frag_len == h.body_len {
+            let result = self.dispatch(conn, h, fragment, response);
+            release();
+            return result;
+        }
+        // A fragment: copy it out, free its blocks at once, dispatch when complete.
+        let complete = {
+            let mut partials = lock(&conn.partials);
+            if !partials.contains_key(&h.call_id) && partials.len() >= MAX_PARTIALS {
+                release();
+                return Err("too many fragmented requests in progress");
+            }
+            let p = partials.entry(h.call_id).or_insert_with(|| Partial {
+                body: vec![0; h.body_len as usize],
+                received: 0,
+            });
+            if p.body.len() != h.body_len as usize {
+                release();
+                return Err("fragments disagree on the body length");
+            }
+            let off = h.frag_offset as usize;
+            p.body[off..off + fragment.len()].copy_from_slice(fragment);
+            p.received += fragment.len();
+            if p.received >= p.body.len() {
+                partials.remove(&h.call_id).map(|p| p.body)
+            } else {
+                None
+            }
+        };
+        release();
+        match complete {
+            Some(body) => self.dispatch(conn, h, &body, response),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the handler on a whole request body and sends the response.
+    fn dispatch(
+        &self,
+        conn: &Conn,
+        h: &WireHeader,
+        body: &[u8],
+        response: &mut ResponseBuilder,
+    ) -> Result<(), &'static str> {
+        let method_end = h.method_len as usize;
+        let md_end = method_end + h.metadata_len as usize;
+        let method =
+            std::str::from_utf8(&body[..method_end]).map_err(|_| "method name is not UTF-8")?;
+        let metadata = Metadata::decode(&body[method_end..md_end])
+            .map_err(|_| "malformed request metadata")?;
+        let now_ns = netless_shm::monotonic_ns();
+        let deadline = (h.deadline_ns != 0)
+            .then(|| Instant::now() + Duration::from_nanos(h.deadline_ns.saturating_sub(now_ns)));
+        response.reset();
+        let result = if h.deadline_ns != 0 && h.deadline_ns <= now_ns {
+            Err(Status::deadline_exceeded(
+                "deadline expired before the server started the call",
+            ))
+        } else {
+            let request = Request {
+                method,
+                metadata,
+                payload: &body[md_end..],
+                deadline,
+            };
+            self.handler.call(&request, response)
+        };
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let sent = match result {
+            Ok(()) => self.respond(
+                conn,
+                h.call_id,
+                Code::Ok,
+                &response.metadata,
+                &response.payload,
+            ),
+            Err(status) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                self.respond(
+                    conn,
+                    h.call_id,
+                    status.code(),
+                    &Metadata::new(),
+                    status.message().as_bytes(),
+                )
+            }
+        };
+        sent.inspect_err(|why| {
+            tracing::debug!("dropping connection {}: {why}", conn.index);
+        })
+    }
+
+    /// Writes a response (in fragments if needed) into the client's ring.
+    fn respond(
+        &self,
+        conn: &Conn,
+        call_id: u64,
+        code: Code,
+        metadata: &Metadata,
+        payload: &[u8],
+    ) -> Result<(), &'static str> {
+        let md_len = metadata.encoded_len();
+        let md_bytes;
+        let md_slice: &[u8] = if md_len == 0 {
+            &[]
+        } else {
+            let mut v = Vec::with_capacity(md_len);
+            metadata.encode_into(&mut v);
+            md_bytes = v;
+            &md_bytes
+        };
+        let body_len = md_len + payload.len();
+        let mut producer = lock(&conn.producer);
+        #[cfg(feature = "fault-injection")]
+        match self.corrupt_responses.load(Ordering::Relaxed) {
+            1 => {
+                let garbage = WireHeader {
+                    call_id,
+                    kind: kind::RESPONSE,
+                    body_len: 10,
+                    frag_len: 5000,
+                    ..WireHeader::default()
+                };
+                let _ = producer.try_push(&[garbage.as_bytes()]);
+                netless_ring::ring(conn.segment.doorbell());
+                return Ok(());
+            }
+            2 => {
+                let seg = conn.segment.segment();
+                // SAFETY: deliberate garbage for tests: every byte after the doorbell line lies
+                // inside the connection segment's mapping.
+                unsafe { std::ptr::write_bytes(seg.as_ptr().add(192), 0xa5, seg.len() - 192) };
+                netless_ring::ring(conn.segment.doorbell());
+                return Ok(());
+            }
+            _ => {}
+        }
+        let max_fragment = producer.max_record_len().saturating_sub(HEADER_LEN).max(1);
+        let mut header = WireHeader {
+            call_id,
+            kind: kind::RESPONSE,
+            status: code as u16,
+            body_len: body_len as u32,
+            metadata_len: md_len as u32,
+            ..WireHeader::default()
+        };
+        let mut offset = 0;
+        loop {
+            let frag_len = (body_len - offset).min(max_fragment);
+            header.frag_offset = offset as u32;
+            header.frag_len = frag_len as u32;
+            let (a, b) = split_range(md_slice, payload, offset, frag_len);
+            let mut stalled_since: Option<Instant> = None;
+            loop {
+                match producer.try_push(&[header.as_bytes(), a, b]) {
+                    Ok(()) => break,
+                    Err(PushError::Full) => {
+                        if conn.dead.load(Ordering::Acquire)
+                            || self.stopping.load(Ordering::Acquire)
+                        {
+                            return Ok(());
+                        }
+                        let since = *stalled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() > self.config.response_stall_limit {
+                            return Err("the client stopped draining its response ring");
+                        }
+                        netless_ring::ring(conn.segment.doorbell());
+                        thread::yield_now();
+                    }
+                    Err(PushError::TooLarge) => {
+                        return Err("response fragment larger than the ring")
+                    }
+                    Err(_) => return Err("the response ring's head is corrupt"),
+                }
+            }
+            netless_ring::ring(conn.segment.doorbell());
+            offset += frag_len;
+            if offset >= body_len {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Splits `[offset, offset + len)` of `a ++ b` into the parts from each.
+fn split_range<'a>(a: &'a [u8], b: &'a [u8], offset: usize, len: usize) -> (&'a [u8], &'a [u8]) {
+    let end = offset + len;
+    let a_part = &a[offset.min(a.len())..end.min(a.len())];
+    let b_part = &b[offset.saturating_sub(a.len())..end.saturating_sub(a.len())];
+    (a_part, b_part)
+}
+
+/// A per-connection secret so a stray or forged queue entry cannot impersonate a connection.
+fn random_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok()
+    {
+        return u64::from_le_bytes(bytes);
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+#[allow(dead_code)]
+fn _assert_fd(_: &impl AsFd) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_range_parts() {
+        let (a, b) = split_range(b"abc", b"defg", 1, 4);
+        assert_eq!((a, b), (&b"bc"[..], &b"de"[..]));
+        let (a, b) = split_range(b"abc", b"defg", 4, 3);
+        assert_eq!((a, b), (&b""[..], &b"efg"[..]));
+    }
+}

@@ -1,0 +1,195 @@
+//! gRPC status codes and the `Status` error every call returns.
+//!
+//! This module owns the mapping from what went wrong to a gRPC code and a message that says
+//! what happened and what to do. It never decides *when* something is an error: the client
+//! and server do, and build a `Status` here.
+
+use std::fmt;
+
+/// A gRPC status code, with the numeric values of the gRPC specification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum Code {
+    /// Not an error.
+    Ok = 0,
+    /// The operation was cancelled, typically by the caller.
+    Cancelled = 1,
+    /// Unknown error.
+    Unknown = 2,
+    /// The client specified an invalid argument.
+    InvalidArgument = 3,
+    /// The deadline expired before the operation could complete.
+    DeadlineExceeded = 4,
+    /// Some requested entity was not found.
+    NotFound = 5,
+    /// The entity that a client attempted to create already exists.
+    AlreadyExists = 6,
+    /// The caller does not have permission.
+    PermissionDenied = 7,
+    /// Some resource has been exhausted (a full queue, an oversized message).
+    ResourceExhausted = 8,
+    /// The system is not in a state required for the operation.
+    FailedPrecondition = 9,
+    /// The operation was aborted.
+    Aborted = 10,
+    /// Operation was attempted past the valid range.
+    OutOfRange = 11,
+    /// The operation is not implemented or not supported.
+    Unimplemented = 12,
+    /// Internal error: an invariant was broken.
+    Internal = 13,
+    /// The service is currently unavailable (not running, or its process died).
+    Unavailable = 14,
+    /// Unrecoverable data loss or corruption.
+    DataLoss = 15,
+    /// The request does not have valid authentication credentials.
+    Unauthenticated = 16,
+}
+
+impl Code {
+    /// Every code, in numeric order.
+    pub const ALL: [Code; 17] = [
+        Code::Ok,
+        Code::Cancelled,
+        Code::Unknown,
+        Code::InvalidArgument,
+        Code::DeadlineExceeded,
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::PermissionDenied,
+        Code::ResourceExhausted,
+        Code::FailedPrecondition,
+        Code::Aborted,
+        Code::OutOfRange,
+        Code::Unimplemented,
+        Code::Internal,
+        Code::Unavailable,
+        Code::DataLoss,
+        Code::Unauthenticated,
+    ];
+
+    /// The code for a numeric value, or `None` if it is not a gRPC code.
+    ///
+    /// ```
+    /// use netless::Code;
+    /// assert_eq!(Code::from_u16(14), Some(Code::Unavailable));
+    /// assert_eq!(Code::from_u16(99), None);
+    /// ```
+    pub fn from_u16(value: u16) -> Option<Code> {
+        Code::ALL.get(usize::from(value)).copied()
+    }
+
+    /// The gRPC name of the code, e.g. `UNAVAILABLE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::Cancelled => "CANCELLED",
+            Code::Unknown => "UNKNOWN",
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Code::NotFound => "NOT_FOUND",
+            Code::AlreadyExists => "ALREADY_EXISTS",
+            Code::PermissionDenied => "PERMISSION_DENIED",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Code::FailedPrecondition => "FAILED_PRECONDITION",
+            Code::Aborted => "ABORTED",
+            Code::OutOfRange => "OUT_OF_RANGE",
+            Code::Unimplemented => "UNIMPLEMENTED",
+            Code::Internal => "INTERNAL",
+            Code::Unavailable => "UNAVAILABLE",
+            Code::DataLoss => "DATA_LOSS",
+            Code::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The outcome of a failed call: a gRPC code and a message for humans.
+///
+/// ```
+/// use netless::{Code, Status};
+/// let status = Status::new(Code::NotFound, "no such key");
+/// assert_eq!(status.code(), Code::NotFound);
+/// assert_eq!(status.to_string(), "NOT_FOUND: no such key");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    code: Code,
+    message: String,
+}
+
+impl Status {
+    /// A status with `code` and `message`.
+    pub fn new(code: Code, message: impl Into<String>) -> Status {
+        Status {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The gRPC code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// `INVALID_ARGUMENT` with `message`.
+    pub fn invalid_argument(message: impl Into<String>) -> Status {
+        Status::new(Code::InvalidArgument, message)
+    }
+
+    /// `UNAVAILABLE` with `message`.
+    pub fn unavailable(message: impl Into<String>) -> Status {
+        Status::new(Code::Unavailable, message)
+    }
+
+    /// `RESOURCE_EXHAUSTED` with `message`.
+    pub fn resource_exhausted(message: impl Into<String>) -> Status {
+        Status::new(Code::ResourceExhausted, message)
+    }
+
+    /// `DEADLINE_EXCEEDED` with `message`.
+    pub fn deadline_exceeded(message: impl Into<String>) -> Status {
+        Status::new(Code::DeadlineExceeded, message)
+    }
+
+    /// `INTERNAL` with `message`.
+    pub fn internal(message: impl Into<String>) -> Status {
+        Status::new(Code::Internal, message)
+    }
+
+    /// `UNIMPLEMENTED` with `message`.
+    pub fn unimplemented(message: impl Into<String>) -> Status {
+        Status::new(Code::Unimplemented, message)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for Status {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip() {
+        for code in Code::ALL {
+            assert_eq!(Code::from_u16(code as u16), Some(code));
+        }
+        assert_eq!(Code::from_u16(17), None);
+    }
+}
