@@ -1,1 +1,82 @@
-fn main() {}
+//! `netless`: serve, call and benchmark netless services from the command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod cmd;
+
+/// RPC over shared memory: serve, call and benchmark netless services.
+#[derive(Parser, Debug)]
+#[command(name = "netless", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve an echo service until SIGINT or SIGTERM.
+    EchoServer(cmd::echo_server::Args),
+    /// Call a service repeatedly, like ping(8), and summarise the round-trip times.
+    Ping(cmd::ping::Args),
+    /// Run a benchmark and print its table (and JSON with --json).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Internal: the peer processes the benchmarks spawn.
+    #[command(subcommand, hide = true)]
+    BenchPeer(PeerCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// NotNets Table 1: gRPC over HTTP/2 vs netless (protobuf and raw) vs the shared-memory floor.
+    Echo(bench::echo::Args),
+}
+
+#[derive(Subcommand, Debug)]
+enum PeerCommand {
+    /// A tonic echo server on TCP loopback.
+    GrpcServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long)]
+        pin_cpu: Option<usize>,
+    },
+    /// The other end of the shared-memory floor ping-pong.
+    Floor {
+        #[arg(long)]
+        fd: i32,
+        #[arg(long)]
+        pin_cpu: Option<usize>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::EchoServer(args) => cmd::echo_server::run(args),
+        Command::Ping(args) => cmd::ping::run(args),
+        Command::Bench(BenchCommand::Echo(args)) => bench::echo::run(args),
+        Command::BenchPeer(PeerCommand::GrpcServer { listen, pin_cpu }) => {
+            bench::grpc_http2::serve(&listen, pin_cpu).map(|()| ExitCode::SUCCESS)
+        }
+        Command::BenchPeer(PeerCommand::Floor { fd, pin_cpu }) => {
+            bench::floor::peer(fd, pin_cpu).map(|()| ExitCode::SUCCESS)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("netless: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The path of this executable, for spawning peer processes.
+pub(crate) fn self_exe() -> anyhow::Result<PathBuf> {
+    Ok(std::env::current_exe()?)
+}

@@ -1,0 +1,10 @@
+//! Benchmarks: programs that run client and server processes, print a table and write JSON.
+//!
+//! `echo` orchestrates; `grpc_http2` and `floor` are the baseline and the physical limit it is
+//! compared with; `report` formats the figures; `proto` holds the generated protobuf types.
+
+pub mod echo;
+pub mod floor;
+pub mod grpc_http2;
+pub mod proto;
+pub mod report;

@@ -1,0 +1,91 @@
+//! `netless echo-server`: serves an echo service until SIGINT/SIGTERM.
+//!
+//! Method `/netless.bench.Echo/Echo` decodes an `EchoRequest` protobuf and answers an
+//! `EchoReply` (the `netless-proto` benchmark row); every other method echoes the raw bytes.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use netless::{Request, ResponseBuilder, Server, ServerConfig, Status, WaitMode, WaitPolicy};
+use prost::Message as _;
+
+use crate::bench::proto::pb::{EchoReply, EchoRequest};
+
+/// The protobuf echo method's path.
+pub const PROTO_METHOD: &str = "/netless.bench.Echo/Echo";
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Service name to serve.
+    #[arg(long)]
+    pub service: String,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Pin workers to these CPUs (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub pin_cpu: Vec<usize>,
+    /// How idle workers wait: spin, futex or adaptive.
+    #[arg(long, default_value = "adaptive")]
+    pub wait_mode: WaitMode,
+    /// Spin budget before sleeping, in microseconds (adaptive mode).
+    #[arg(long, default_value_t = 50)]
+    pub spin_us: u64,
+}
+
+fn echo(request: &Request<'_>, response: &mut ResponseBuilder) -> Result<(), Status> {
+    if request.method == PROTO_METHOD {
+        let decoded = EchoRequest::decode(request.payload)
+            .map_err(|e| Status::invalid_argument(format!("bad EchoRequest: {e}")))?;
+        let reply = EchoReply {
+            payload: decoded.payload,
+        };
+        reply
+            .encode(&mut response.payload)
+            .map_err(|e| Status::internal(e.to_string()))?;
+    } else {
+        response.payload.extend_from_slice(request.payload);
+    }
+    for (key, value) in request.metadata.iter() {
+        if key.starts_with("echo-") {
+            response.metadata.insert(key, value);
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handler")?;
+    }
+    let config = ServerConfig {
+        workers: args.workers,
+        pin_cpus: args.pin_cpu.clone(),
+        wait: WaitPolicy {
+            mode: args.wait_mode,
+            spin: Duration::from_micros(args.spin_us),
+        },
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(&args.service, config, echo)?;
+    println!(
+        "netless echo-server: serving `{}` at {} with {} worker(s)",
+        args.service,
+        server.socket_path().display(),
+        args.workers
+    );
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = server.stats();
+    server.shutdown();
+    eprintln!(
+        "netless echo-server: stopped after {} requests ({} errors)",
+        stats.requests, stats.errors
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,4 @@
+//! The user-facing subcommands other than `bench`.
+
+pub mod echo_server;
+pub mod ping;
