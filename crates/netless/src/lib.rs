@@ -41,7 +41,7 @@ pub(crate) use netless_shm::sync;
 pub use call::{CallOptions, Reply, Request, ResponseBuilder};
 pub use client::Client;
 pub use config::{ClientConfig, ServerConfig, DEFAULT_MAX_MESSAGE};
-pub use metadata::Metadata;
+pub use metadata::{Metadata, MAX_KEY_LEN};
 pub use netless_ring::{WaitMode, WaitPolicy};
 pub use netless_shm::Acl;
 pub use server::{Handler, Server, ServerStats};
