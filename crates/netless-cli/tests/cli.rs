@@ -1,0 +1,580 @@
+//! End-to-end tests of the `netless` binary: every test runs the real executable as separate
+//! processes, in its own private socket directory (`NETLESS_DIR`), with bounded waits only.
+//!
+//! Processes are started in their own process group so that a timed-out command can be killed
+//! together with any peers it spawned (`netless bench` starts several); their stdout and stderr
+//! are read on threads and collected with a timeout, so a grandchild that keeps a pipe open
+//! cannot hang a test either.
+
+use std::io::Read;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+
+const BIN: &str = env!("CARGO_BIN_EXE_netless");
+
+/// How long a short command (ping, a usage error) may take before it counts as hung.
+const SHORT: Duration = Duration::from_secs(30);
+/// How long a server may take to come up and answer a ping.
+const STARTUP: Duration = Duration::from_secs(10);
+/// How long a server may take to exit after SIGTERM/SIGINT.
+const SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// A fresh mode-0700 directory under the system temp dir, removed on drop.
+struct TestDir {
+    path: PathBuf,
+}
+
+impl TestDir {
+    fn new(tag: &str) -> TestDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        // Short: socket paths must fit in 107 bytes.
+        let path = std::env::temp_dir().join(format!(
+            "nl-cli-{}-{}-{tag}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        TestDir { path }
+    }
+
+    fn socket(&self, service: &str) -> PathBuf {
+        self.path.join(format!("{service}.sock"))
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Reads `r` to its end on a thread; the text arrives on the returned channel.
+fn read_on_thread(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+    });
+    rx
+}
+
+/// What a finished process printed and how it ended.
+#[derive(Debug)]
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Output {
+    fn describe(&self) -> String {
+        format!(
+            "status: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// A running `netless` process; killed with its process group if dropped while running.
+struct Proc {
+    what: String,
+    child: Child,
+    stdout: Option<mpsc::Receiver<String>>,
+    stderr: Option<mpsc::Receiver<String>>,
+    reaped: bool,
+}
+
+impl Proc {
+    fn spawn(dir: &TestDir, args: &[&str]) -> Proc {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("NETLESS_DIR", &dir.path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let what = format!("netless {}", args.join(" "));
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning `{what}`: {e}"));
+        let stdout = child.stdout.take().map(read_on_thread);
+        let stderr = child.stderr.take().map(read_on_thread);
+        Proc {
+            what,
+            child,
+            stdout,
+            stderr,
+            reaped: false,
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_child(&self.child)
+    }
+
+    /// Polls for the exit status until `timeout`; `None` if still running.
+    fn wait_for(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.reaped = true;
+                    return Some(status);
+                }
+                Ok(None) if Instant::now() >= deadline => return None,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => panic!("waiting for `{}`: {e}", self.what),
+            }
+        }
+    }
+
+    /// Whether the process has exited (and with what), without waiting.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.wait_for(Duration::ZERO)
+    }
+
+    fn signal(&self, signal: Signal) {
+        assert!(!self.reaped, "`{}` already exited", self.what);
+        rustix::process::kill_process(self.pid(), signal)
+            .unwrap_or_else(|e| panic!("sending {signal:?} to `{}`: {e}", self.what));
+    }
+
+    /// SIGKILLs the whole process group and reaps the child.
+    fn kill(&mut self) {
+        if self.reaped {
+            return;
+        }
+        // The group id is the child's pid, which cannot be reused before we reap it.
+        let _ = rustix::process::kill_process_group(self.pid(), Signal::KILL);
+        let _ = self.child.kill();
+        if self.wait_for(Duration::from_secs(10)).is_none() {
+            eprintln!("warning: `{}` survived SIGKILL for 10 s", self.what);
+        }
+    }
+
+    /// Collects the output; the pipes may be held open by grandchildren, hence the timeout.
+    fn collect(&mut self, status: ExitStatus) -> Output {
+        let take = |rx: Option<mpsc::Receiver<String>>| {
+            rx.map(|rx| {
+                rx.recv_timeout(Duration::from_secs(5))
+                    .unwrap_or_else(|_| "<output still open after 5 s>".to_string())
+            })
+            .unwrap_or_default()
+        };
+        Output {
+            status,
+            stdout: take(self.stdout.take()),
+            stderr: take(self.stderr.take()),
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit and returns its output; on timeout
+    /// kills it and panics with what it printed.
+    fn finish(mut self, timeout: Duration) -> Output {
+        match self.wait_for(timeout) {
+            Some(status) => self.collect(status),
+            None => {
+                self.kill();
+                let status = self.child.wait().expect("reaping a killed child");
+                let out = self.collect(status);
+                panic!(
+                    "`{}` did not exit within {timeout:?}; killed it\n{}",
+                    self.what,
+                    out.describe()
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `netless <args>` to completion (at most `timeout`).
+fn run(dir: &TestDir, args: &[&str], timeout: Duration) -> Output {
+    Proc::spawn(dir, args).finish(timeout)
+}
+
+/// `netless echo-server --service <service> --spin-us 5`.
+fn start_echo_server(dir: &TestDir, service: &str) -> Proc {
+    Proc::spawn(
+        dir,
+        &["echo-server", "--service", service, "--spin-us", "5"],
+    )
+}
+
+/// Runs `netless ping <service> <args>` until it succeeds, for up to [`STARTUP`] while the
+/// server comes up; panics if the server exits or the ping never succeeds.
+fn ping_until_ok(dir: &TestDir, server: &mut Proc, service: &str, args: &[&str]) -> Output {
+    let started = Instant::now();
+    let mut argv = vec!["ping", service];
+    argv.extend_from_slice(args);
+    loop {
+        let out = run(dir, &argv, SHORT);
+        if out.status.success() {
+            return out;
+        }
+        if let Some(status) = server.exited() {
+            let server_out = server.collect(status);
+            panic!(
+                "the echo server exited early\n{}\nlast ping:\n{}",
+                server_out.describe(),
+                out.describe()
+            );
+        }
+        if started.elapsed() > STARTUP {
+            panic!(
+                "`netless {}` did not succeed within {STARTUP:?}; last attempt:\n{}",
+                argv.join(" "),
+                out.describe()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `signal` to the server and checks it exits with status 0 within [`SHUTDOWN`] and
+/// removes its socket.
+fn stop_server(mut server: Proc, signal: Signal, socket: &Path) -> Output {
+    server.signal(signal);
+    let what = server.what.clone();
+    let out = match server.wait_for(SHUTDOWN) {
+        Some(status) => server.collect(status),
+        None => {
+            server.kill();
+            panic!("`{what}` did not exit within {SHUTDOWN:?} of {signal:?}");
+        }
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "`{what}` after {signal:?} (signal: {:?})\n{}",
+        out.status.signal(),
+        out.describe()
+    );
+    assert!(
+        !socket.exists(),
+        "`{what}` left its socket {} behind after {signal:?}",
+        socket.display()
+    );
+    out
+}
+
+fn count_lines(text: &str, needle: &str) -> usize {
+    text.lines().filter(|l| l.contains(needle)).count()
+}
+
+#[test]
+fn echo_server_serves_until_sigterm_and_exits_cleanly() {
+    let dir = TestDir::new("sig");
+    for (signal, service) in [(Signal::TERM, "cli.Echo"), (Signal::INT, "cli.EchoInt")] {
+        let mut server = start_echo_server(&dir, service);
+        let ping = ping_until_ok(
+            &dir,
+            &mut server,
+            service,
+            &["--count", "3", "--interval-ms", "0"],
+        );
+        let report = ping.describe();
+        assert_eq!(ping.status.code(), Some(0), "{report}");
+        assert_eq!(
+            count_lines(&ping.stdout, &format!("bytes from {service}:")),
+            3,
+            "{report}"
+        );
+        assert_eq!(
+            count_lines(&ping.stdout, "64 bytes from"),
+            3,
+            "default payload is 64 bytes\n{report}"
+        );
+        assert!(
+            ping.stdout.lines().any(|l| l == "3 calls, 3 ok, 0 failed"),
+            "{report}"
+        );
+        assert_eq!(
+            count_lines(&ping.stdout, "rtt min/avg/p50/p99/max"),
+            1,
+            "{report}"
+        );
+        assert!(!ping.stdout.contains("failures by status"), "{report}");
+
+        let socket = dir.socket(service);
+        assert!(
+            socket.exists(),
+            "no socket at {} while serving",
+            socket.display()
+        );
+        let out = stop_server(server, signal, &socket);
+        assert!(
+            out.stdout
+                .contains(&format!("serving `{service}` at {}", socket.display())),
+            "{}",
+            out.describe()
+        );
+        assert!(out.stderr.contains("stopped after"), "{}", out.describe());
+    }
+}
+
+#[test]
+fn ping_reports_failures_by_status_and_exits_nonzero() {
+    let dir = TestDir::new("ping");
+
+    // No server at all: every call fails with UNAVAILABLE.
+    let out = run(
+        &dir,
+        &["ping", "no.Such", "--count", "2", "--interval-ms", "0"],
+        SHORT,
+    );
+    let report = out.describe();
+    assert!(!out.status.success(), "{report}");
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(out.stdout.contains("UNAVAILABLE"), "{report}");
+    assert!(
+        out.stdout.lines().any(|l| l == "2 calls, 0 ok, 2 failed"),
+        "{report}"
+    );
+    assert!(
+        out.stdout.contains("failures by status: UNAVAILABLE 2"),
+        "{report}"
+    );
+    assert!(!out.stdout.contains("rtt min/avg"), "{report}");
+
+    let service = "cli.Payload";
+    let mut server = start_echo_server(&dir, service);
+
+    // Empty and large payloads round-trip.
+    for (payload, count) in [("0", "2"), ("100000", "2")] {
+        let out = ping_until_ok(
+            &dir,
+            &mut server,
+            service,
+            &["--count", count, "--interval-ms", "0", "--payload", payload],
+        );
+        let report = out.describe();
+        assert_eq!(out.status.code(), Some(0), "{report}");
+        assert!(
+            out.stdout
+                .starts_with(&format!("PING {service} ({payload} bytes of payload)")),
+            "{report}"
+        );
+        assert_eq!(
+            count_lines(&out.stdout, &format!("{payload} bytes from {service}:")),
+            2,
+            "{report}"
+        );
+        assert!(
+            out.stdout.lines().any(|l| l == "2 calls, 2 ok, 0 failed"),
+            "{report}"
+        );
+    }
+
+    // A zero deadline has always expired when the call is sent: DEADLINE_EXCEEDED.
+    let out = run(
+        &dir,
+        &[
+            "ping",
+            service,
+            "--count",
+            "2",
+            "--interval-ms",
+            "0",
+            "--deadline-ms",
+            "0",
+        ],
+        SHORT,
+    );
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        out.stdout.lines().any(|l| l == "2 calls, 0 ok, 2 failed"),
+        "{report}"
+    );
+    assert!(
+        out.stdout
+            .contains("failures by status: DEADLINE_EXCEEDED 2"),
+        "{report}"
+    );
+
+    // Larger than the server's maximum message (4 MiB by default): RESOURCE_EXHAUSTED.
+    let out = run(
+        &dir,
+        &[
+            "ping",
+            service,
+            "--count",
+            "1",
+            "--interval-ms",
+            "0",
+            "--payload",
+            "5000000",
+        ],
+        SHORT,
+    );
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        out.stdout.lines().any(|l| l == "1 calls, 0 ok, 1 failed"),
+        "{report}"
+    );
+    assert!(
+        out.stdout
+            .contains("failures by status: RESOURCE_EXHAUSTED 1"),
+        "{report}"
+    );
+
+    // The failed calls did not hurt the server: it still answers, then stops cleanly.
+    let out = run(
+        &dir,
+        &["ping", service, "--count", "1", "--interval-ms", "0"],
+        SHORT,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out.describe());
+    stop_server(server, Signal::TERM, &dir.socket(service));
+}
+
+#[test]
+fn bench_echo_writes_json_in_the_documented_shape() {
+    let dir = TestDir::new("bench");
+    let json_path = dir.path.join("echo.json");
+    let json_arg = json_path.to_str().expect("utf-8 temp path");
+    let out = run(
+        &dir,
+        &[
+            "bench", "echo", "--calls", "300", "--rounds", "2", "--quiet", "--json", json_arg,
+        ],
+        Duration::from_secs(120),
+    );
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(0), "{report}");
+
+    // The table.
+    assert!(
+        out.stdout.contains("speed-up vs grpc-http2 (p50)"),
+        "{report}"
+    );
+    for header in ["transport", "payload", "calls", "p50 µs", "p99 µs"] {
+        assert!(out.stdout.contains(header), "no `{header}`\n{report}");
+    }
+    for transport in ["grpc-http2", "netless-proto", "netless-raw", "floor"] {
+        assert!(
+            out.stdout.lines().any(|l| l.starts_with(transport)),
+            "no table row for {transport}\n{report}"
+        );
+    }
+
+    // The JSON.
+    let text = std::fs::read_to_string(&json_path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}\n{report}", json_path.display()));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON: {e}\n{text}"));
+    assert_eq!(v["experiment"], "echo", "{text}");
+    assert!(v["machine"].is_object(), "{text}");
+    let rows = v["rows"].as_array().unwrap_or_else(|| panic!("{text}"));
+
+    let mut got: Vec<(String, u64)> = Vec::new();
+    for row in rows {
+        let transport = row["transport"]
+            .as_str()
+            .unwrap_or_else(|| panic!("row without a transport: {row}"));
+        let num = |key: &str| {
+            row[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("`{key}` is not a number in {row}"))
+        };
+        let payload = row["payload_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("`payload_bytes` is not an integer in {row}"));
+        let calls = row["calls"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("`calls` is not an integer in {row}"));
+        assert_eq!(calls, 300, "every row records --calls calls: {row}");
+        let (avg, p50, p99, p999) = (num("avg_us"), num("p50_us"), num("p99_us"), num("p999_us"));
+        assert!(avg > 0.0, "{row}");
+        assert!(
+            0.0 < p50 && p50 <= p99 && p99 <= p999,
+            "percentiles out of order: {row}"
+        );
+        got.push((transport.to_string(), payload));
+    }
+    got.sort();
+    let mut want: Vec<(String, u64)> = [
+        ("grpc-http2", 64),
+        ("netless-proto", 64),
+        ("netless-raw", 64),
+        ("floor", 64),
+        ("grpc-http2", 4096),
+        ("netless-proto", 4096),
+        ("netless-raw", 4096),
+    ]
+    .iter()
+    .map(|(t, p)| (t.to_string(), *p))
+    .collect();
+    want.sort();
+    assert_eq!(got, want, "{text}");
+}
+
+#[test]
+fn unknown_subcommand_and_bad_args_fail_with_usage() {
+    let dir = TestDir::new("usage");
+
+    let usage_error = |args: &[&str], mention: &str| {
+        let out = run(&dir, args, SHORT);
+        let report = format!("netless {}\n{}", args.join(" "), out.describe());
+        assert_eq!(out.status.code(), Some(2), "usage errors exit 2\n{report}");
+        assert!(out.stderr.contains("Usage:"), "{report}");
+        assert!(out.stderr.contains(mention), "no `{mention}`\n{report}");
+        assert!(out.stdout.is_empty(), "{report}");
+    };
+    usage_error(&["ping"], "<SERVICE>");
+    usage_error(&["frobnicate"], "frobnicate");
+    usage_error(&[], "Usage:");
+    usage_error(&["echo-server"], "--service");
+    usage_error(&["bench", "echo", "--no-such-flag"], "--no-such-flag");
+
+    // A value that does not parse: clap names it (without the usage block).
+    let out = run(&dir, &["ping", "x.Y", "--count", "many"], SHORT);
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    assert!(
+        out.stderr.contains("invalid value 'many' for '--count"),
+        "{report}"
+    );
+    assert!(out.stdout.is_empty(), "{report}");
+
+    // Arguments that parse but make no sense: an error, not a panic.
+    let out = run(&dir, &["bench", "echo", "--calls", "0"], SHORT);
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    assert!(out.stderr.starts_with("netless: "), "{report}");
+    assert!(out.stderr.contains("--calls"), "{report}");
+
+    // A bad service name is reported, not a crash.
+    let out = run(&dir, &["echo-server", "--service", "../escape"], SHORT);
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    assert!(out.stderr.contains("netless: "), "{report}");
+
+    // --help lists the public subcommands, not the hidden peer one.
+    let out = run(&dir, &["--help"], SHORT);
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    for sub in ["echo-server", "ping", "bench"] {
+        assert!(out.stdout.contains(sub), "no `{sub}`\n{report}");
+    }
+    assert!(!out.stdout.contains("bench-peer"), "{report}");
+}
