@@ -17,6 +17,7 @@
 pub mod doorbell;
 mod futex;
 pub mod layout;
+pub mod prefetch;
 pub mod receive_queue;
 pub mod spsc;
 pub mod sync;

@@ -285,6 +285,63 @@ impl<'a> ReceiveQueue<'a> {
     /// Consumer (server worker) side: takes the next item, never blocks, bounded steps.
     /// `head` must be the one head of this queue shared by all its consumers.
     pub fn try_dequeue(&self, head: &ConsumerHead) -> Dequeue {
+        self.dequeue(head, true, false, |_| {})
+    }
+
+    /// Like [`ReceiveQueue::try_dequeue`], with two knobs for a polling consumer:
+    /// `check_holes: false` reports an unfilled cell as `Empty` without reading the shared
+    /// tail (see [`ReceiveQueue::try_dequeue_no_hole_check`]), and `on_full` is called with
+    /// the value of a filled cell *before* the consumer claims it, so the consumer can start
+    /// fetching what the value names (e.g. prefetch a request) while the claim's CAS waits
+    /// for the cell's cache line. `on_full` may be called for a value another consumer then
+    /// wins; it must only take hints.
+    pub fn try_dequeue_with(
+        &self,
+        head: &ConsumerHead,
+        check_holes: bool,
+        on_full: impl FnMut(u32),
+    ) -> Dequeue {
+        self.dequeue(head, check_holes, false, on_full)
+    }
+
+    /// [`ReceiveQueue::try_dequeue_with`] for a queue that only one thread ever consumes
+    /// (with this `head`): taking an item is then two plain Release stores instead of two
+    /// CASes, so the consumer does not stall until the cell's cache line is back from the
+    /// producer's core. Using it from two consumers at once would hand an item to both.
+    pub fn try_dequeue_single_consumer(
+        &self,
+        head: &ConsumerHead,
+        check_holes: bool,
+        on_full: impl FnMut(u32),
+    ) -> Dequeue {
+        self.dequeue(head, check_holes, true, on_full)
+    }
+
+    /// Starts taking the cell the next enqueue will fill exclusive (a hint; see
+    /// [`crate::prefetch`]), so a producer about to enqueue overlaps that transfer with
+    /// writing its message.
+    pub fn prefetch_next_cell(&self) {
+        let t = self.tail.load(Relaxed);
+        crate::prefetch::prefetch_write((self.cell(t) as *const AtomicU64).cast());
+    }
+
+    /// Like [`ReceiveQueue::try_dequeue`], but an unfilled cell is reported `Empty` without
+    /// reading the shared tail, so a consumer polling an idle queue touches only the one cell
+    /// a producer will write next (the tail's cache line stays with the producers). Holes a
+    /// malicious producer made are then not skipped: call `try_dequeue` every so often (e.g.
+    /// every few hundred polls, and before sleeping) so they are.
+    pub fn try_dequeue_no_hole_check(&self, head: &ConsumerHead) -> Dequeue {
+        self.dequeue(head, false, false, |_| {})
+    }
+
+    #[inline]
+    fn dequeue(
+        &self,
+        head: &ConsumerHead,
+        check_holes: bool,
+        single_consumer: bool,
+        mut on_full: impl FnMut(u32),
+    ) -> Dequeue {
         for _ in 0..DEQUEUE_ATTEMPTS {
             let h = head.0.load(Acquire);
             let lap = h >> self.lap_shift;
@@ -296,6 +353,14 @@ impl<'a> ReceiveQueue<'a> {
             // then refilled for h + capacity). Positions two laps ahead need head > h.
             match turn_of(word).wrapping_sub(turn_empty(lap)) {
                 1 => {
+                    on_full(word as u32);
+                    if single_consumer {
+                        // No other consumer can race us for this cell, and producers never
+                        // write a full cell, so plain stores free it and advance the head.
+                        cell.store(freed, Release);
+                        head.0.store(h.wrapping_add(1), Release);
+                        return Dequeue::Item(word as u32);
+                    }
                     if cell.compare_exchange(word, freed, AcqRel, Relaxed).is_ok() {
                         advance(head, h);
                         return Dequeue::Item(word as u32);
@@ -308,6 +373,9 @@ impl<'a> ReceiveQueue<'a> {
                     // the CAS below (which would fail). So "tail > h and still unfilled" is
                     // a hole only a malicious client creates: skip it. A tail more than a
                     // lap ahead is not believed (it would make us skip forever).
+                    if !check_holes {
+                        return Dequeue::Empty;
+                    }
                     let ahead = self.tail.load(Acquire).wrapping_sub(h);
                     if ahead == 0 || ahead > self.mask + 1 {
                         return Dequeue::Empty;

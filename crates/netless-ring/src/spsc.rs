@@ -353,6 +353,22 @@ pub struct Producer<'a> {
 }
 
 impl Producer<'_> {
+    /// Address of the record word the next push writes (for prefetch hints only: the slots
+    /// there may still belong to the consumer).
+    #[cfg(not(loom))]
+    pub fn next_record_ptr(&self) -> *const u8 {
+        (self.slots.record_word(self.tail) as *const AtomicU64).cast()
+    }
+
+    /// Starts taking exclusive the slots a record with a `body_len`-byte body would use if
+    /// pushed now (a hint, see [`crate::prefetch`]; at most 4 lines), so the copy into them
+    /// does not wait for the consumer's core to give them up.
+    #[cfg(not(loom))]
+    pub fn prefetch_next(&self, body_len: usize) {
+        let word = self.slots.record_word(self.tail) as *const AtomicU64;
+        crate::prefetch::prefetch_write_range(word.cast(), RECORD_WORD_BYTES + body_len, 4);
+    }
+
     /// Largest body a record can have: `nslots / 2` slots minus the record word.
     pub fn max_record_len(&self) -> usize {
         self.slots.max_record_len()

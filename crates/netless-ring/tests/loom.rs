@@ -182,6 +182,45 @@ fn queue_wraps_with_a_concurrent_consumer() {
     });
 }
 
+#[test]
+fn queue_two_producers_single_consumer_with_wrap() {
+    // The single-consumer fast path (plain stores): two producers racing a consumer that
+    // frees cells with plain stores, across a wrap.
+    fn take(queue: ReceiveQueue<'_>, head: &ConsumerHead, attempts: usize) -> Vec<u32> {
+        let mut got = Vec::new();
+        for _ in 0..attempts {
+            match queue.try_dequeue_single_consumer(head, true, |_| {}) {
+                Dequeue::Item(v) => got.push(v),
+                Dequeue::Empty => {}
+                Dequeue::Skipped => panic!("an honest run never skips"),
+            }
+        }
+        got
+    }
+    model(2, || {
+        let memory = QueueMemory::new();
+        let head = Arc::new(ConsumerHead::new());
+        // One item through first, so the two below land on positions 1 and 2: cell 1 of lap
+        // 0 and cell 0 of lap 1 (a wrap).
+        enqueue(memory.queue(), 9);
+        assert_eq!(take(memory.queue(), &head, 1), [9]);
+        let producers: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|value| {
+                let memory = memory.clone();
+                thread::spawn(move || enqueue(memory.queue(), value))
+            })
+            .collect();
+        let mut got = take(memory.queue(), &head, 2);
+        for p in producers {
+            p.join().unwrap();
+        }
+        got.extend(take(memory.queue(), &head, 3));
+        assert_exactly_once(got, &[1, 2]);
+        assert_eq!(memory.queue().try_dequeue(&head), Dequeue::Empty);
+    });
+}
+
 struct RingMemory {
     head: AtomicU64,
     words: Vec<AtomicU64>,

@@ -11,12 +11,22 @@
 use std::sync::Mutex;
 
 use crate::layout::block_state::{cached, owned, tag_of, FREE};
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The blocks one connection holds, and how to get more.
 pub(crate) struct BlockLease {
     tag: u32,
     cache_limit: usize,
+    /// The run claimed last, `start << 32 | count` (0: none): the lock-free fast path, since
+    /// a client making one call at a time reuses the same run every time.
+    hot: AtomicU64,
+    /// A run claimed ahead of need (OWNED by us, holding no message), `start << 32 | count`
+    /// (0: none). Claiming it costs no shared-memory access, so the CAS on the block table
+    /// happens while the previous call waits for its reply instead of on the next call's
+    /// critical path.
+    spare: AtomicU64,
+    /// Calls to skip before trying to prepare a spare again after failing to.
+    spare_backoff: AtomicU32,
     state: Mutex<LeaseState>,
 }
 
@@ -32,6 +42,9 @@ impl BlockLease {
         BlockLease {
             tag,
             cache_limit: cache_limit.max(1),
+            hot: AtomicU64::new(0),
+            spare: AtomicU64::new(0),
+            spare_backoff: AtomicU32::new(0),
             state: Mutex::new(LeaseState {
                 blocks: Vec::new(),
                 scan_hint,
@@ -42,20 +55,84 @@ impl BlockLease {
     /// Claims a run of `count` consecutive blocks for one message (OWNED by us); `None` when
     /// the shared buffer has no such run free right now.
     pub(crate) fn claim(&self, table: &[AtomicU32], count: u32) -> Option<u32> {
+        let spare = self.spare.load(Ordering::Relaxed);
+        if spare != 0
+            && spare as u32 == count
+            && self
+                .spare
+                .compare_exchange(spare, 0, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some((spare >> 32) as u32);
+        }
+        let hot = self.hot.load(Ordering::Relaxed);
+        if hot as u32 == count {
+            let start = (hot >> 32) as u32;
+            if (start as usize + count as usize) <= table.len()
+                && self.try_take(table, start, count, cached(self.tag))
+            {
+                return Some(start);
+            }
+        }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(start) = self.reuse(&mut state, table, count) {
+        let start = self.claim_locked(&mut state, table, count)?;
+        self.hot.store(
+            (u64::from(start) << 32) | u64::from(count),
+            Ordering::Relaxed,
+        );
+        Some(start)
+    }
+
+    fn claim_locked(&self, state: &mut LeaseState, table: &[AtomicU32], count: u32) -> Option<u32> {
+        if let Some(start) = self.reuse(state, table, count) {
             return Some(start);
         }
-        let start = self.claim_free(&mut state, table, count)?;
+        let start = self.claim_free(state, table, count)?;
         for b in start..start + count {
             if let Err(pos) = state.blocks.binary_search(&b) {
                 state.blocks.insert(pos, b);
             }
         }
         if state.blocks.len() > self.cache_limit {
-            self.trim(&mut state, table);
+            self.trim(state, table);
         }
         Some(start)
+    }
+
+    /// Claims a run like the last one ahead of need, so the next `claim` of that size is free
+    /// of shared-memory traffic; returns it (for prefetching) if one was prepared now.
+    pub(crate) fn prepare_spare(&self, table: &[AtomicU32]) -> Option<(u32, u32)> {
+        if self.spare.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        if self.spare_backoff.load(Ordering::Relaxed) > 0 {
+            self.spare_backoff.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        let count = self.hot.load(Ordering::Relaxed) as u32;
+        if count == 0 {
+            return None;
+        }
+        let Some(start) = self.claim(table, count) else {
+            self.spare_backoff.store(64, Ordering::Relaxed);
+            return None;
+        };
+        let run = (u64::from(start) << 32) | u64::from(count);
+        if self
+            .spare
+            .compare_exchange(0, run, Ordering::Release, Ordering::Relaxed)
+            .is_err()
+        {
+            self.unclaim(table, start, count);
+            return None;
+        }
+        Some((start, count))
+    }
+
+    /// The run the next `claim(count)` will most likely return, for prefetching.
+    pub(crate) fn likely_next(&self, count: u32) -> Option<u32> {
+        let hot = self.hot.load(Ordering::Relaxed);
+        (hot != 0 && hot as u32 == count).then_some((hot >> 32) as u32)
     }
 
     /// Gives back a run we claimed but never sent: it becomes CACHED for our next message.
@@ -74,6 +151,11 @@ impl BlockLease {
 
     /// Frees every CACHED block we hold (on close).
     pub(crate) fn release_all(&self, table: &[AtomicU32]) {
+        self.hot.store(0, Ordering::Relaxed);
+        let spare = self.spare.swap(0, Ordering::Acquire);
+        if spare != 0 {
+            self.unclaim(table, (spare >> 32) as u32, spare as u32);
+        }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         for &b in &state.blocks {
             if let Some(word) = table.get(b as usize) {

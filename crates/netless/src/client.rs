@@ -21,6 +21,7 @@ use std::task::{Context, Poll, Waker};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use netless_ring::prefetch::{prefetch_write, prefetch_write_range};
 use netless_ring::{Consumer, EnqueueError, WaitPolicy};
 use netless_shm::{recv_frame, send_frame, service_socket_path, socket_dir};
 
@@ -28,7 +29,7 @@ use crate::blocks::BlockLease;
 use crate::call::{CallOptions, Reply};
 use crate::config::ClientConfig;
 use crate::handshake::{Frame, PROTOCOL_VERSION};
-use crate::layout::{kind, WireHeader, HEADER_LEN};
+use crate::layout::{kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN};
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment};
 use crate::status::{Code, Status};
@@ -529,8 +530,9 @@ impl Shared {
     }
 
     fn free_slot(&self, index: usize) {
+        // Every path that completes a call takes its outcome first, so there is nothing to
+        // clear here (and no lock on the hot path).
         let slot = &self.slots[index];
-        *lock(&slot.outcome) = None;
         slot.is_async.store(false, Ordering::Relaxed);
         slot.state.store(IDLE, Ordering::Release);
         self.free[index / 64].fetch_or(1 << (index % 64), Ordering::Release);
@@ -571,13 +573,15 @@ impl Shared {
             ))
         })?;
         let slot = &self.slots[index];
-        let generation = slot
-            .generation
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_add(1);
+        // The slot is ours alone until it is freed, so a plain load and store suffice.
+        let generation = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
+        slot.generation.store(generation, Ordering::Relaxed);
         let call_id = (u64::from(generation) << 32) | index as u64;
         slot.is_async.store(is_async, Ordering::Relaxed);
-        *lock(&slot.deadline) = deadline;
+        if is_async {
+            // Only the reaper reads deadlines (blocking callers keep theirs on the stack).
+            *lock(&slot.deadline) = deadline;
+        }
         slot.state.store(WAITING, Ordering::Release);
 
         let md_bytes;
@@ -610,13 +614,13 @@ impl Shared {
         };
         let mut offset = 0usize;
         let mut first = true;
-        let space_deadline = Instant::now() + FRAGMENT_SPACE_WAIT;
+        let mut space_deadline = None;
         loop {
             let frag_len = (body_len - offset).min(self.fragment_body);
             header.frag_offset = offset as u32;
             header.frag_len = frag_len as u32;
             if let Err(status) =
-                self.send_fragment(&mut header, &pieces, first, deadline, space_deadline)
+                self.send_fragment(&mut header, &pieces, first, deadline, &mut space_deadline)
             {
                 // Nothing was sent for a NACKed first fragment, so the slot can be reused; a
                 // partly sent request is abandoned (the server discards its fragments).
@@ -637,13 +641,24 @@ impl Shared {
         pieces: &[&[u8]; 3],
         first: bool,
         deadline: Option<Instant>,
-        space_deadline: Instant,
+        space_deadline: &mut Option<Instant>,
     ) -> Result<(), Status> {
         let block = self.replica.block_size();
         let frag_len = header.frag_len as usize;
         let count = (HEADER_LEN + frag_len).div_ceil(block) as u32;
         header.nblocks = count;
         let table = self.replica.table();
+        // Start moving every line this send will write to our core at once (block-table word,
+        // the message's first lines, the queue cell), instead of one after another.
+        if let Some(start) = self.lease.likely_next(count) {
+            if let (Some(dst), Some(word)) = (
+                self.replica.block_run(start, count),
+                table.get(start as usize),
+            ) {
+                prefetch_write((word as *const AtomicU32).cast());
+                prefetch_write_range(dst, HEADER_LEN + frag_len, 4);
+            }
+        }
         let mut spins = 0u32;
         loop {
             if self.dead.load(Ordering::Acquire) {
@@ -707,9 +722,10 @@ impl Shared {
         &self,
         spins: &mut u32,
         deadline: Option<Instant>,
-        space_deadline: Instant,
+        space_deadline: &mut Option<Instant>,
     ) -> Result<(), Status> {
         let now = Instant::now();
+        let space_deadline = *space_deadline.get_or_insert(now + FRAGMENT_SPACE_WAIT);
         if deadline.is_some_and(|d| now >= d) {
             return Err(Status::deadline_exceeded(
                 "deadline expired while sending a large request",
@@ -768,6 +784,12 @@ impl Shared {
                     drop(consumer);
                     self.after_consumer_release();
                     continue;
+                }
+                // Use the wait to get the next call's blocks ready.
+                if let Some((start, count)) = self.lease.prepare_spare(self.replica.table()) {
+                    if let Some(dst) = self.replica.block_run(start, count) {
+                        prefetch_write_range(dst, 2 * 64, 2);
+                    }
                 }
                 let waited = netless_ring::wait(
                     self.conn.doorbell(),
@@ -912,18 +934,18 @@ impl Shared {
                 Err(e) => return Err(corrupt(&e.to_string())),
             };
             let body = record.body();
-            if body.len() < HEADER_LEN {
+            if body.len() < RESPONSE_HEADER_LEN {
                 return Err(corrupt("record shorter than a header"));
             }
-            // SAFETY: body has at least HEADER_LEN bytes.
-            let h = unsafe { WireHeader::read_from(body.as_ptr()) };
+            // SAFETY: body has at least RESPONSE_HEADER_LEN bytes.
+            let h = unsafe { ResponseHeader::read_from(body.as_ptr()) };
             if h.kind != kind::RESPONSE {
                 return Err(corrupt("not a response"));
             }
-            h.validate_shape(self.config.max_message, body.len() - HEADER_LEN)
+            h.validate_shape(self.config.max_message, body.len() - RESPONSE_HEADER_LEN)
                 .map_err(corrupt)?;
             let code = Code::from_u16(h.status).ok_or_else(|| corrupt("unknown status code"))?;
-            let fragment = &body[HEADER_LEN..HEADER_LEN + h.frag_len as usize];
+            let fragment = &body[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + h.frag_len as usize];
             let index = (h.call_id & 0xffff_ffff) as usize;
             let generation = (h.call_id >> 32) as u32;
             let live = self.slots.get(index).is_some_and(|s| {
@@ -1038,14 +1060,13 @@ fn deadline_status() -> Status {
 
 /// Decodes a whole response body: metadata, then payload (or the status message).
 fn decode_body(
-    h: &WireHeader,
+    h: &ResponseHeader,
     code: Code,
     body: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<Metadata, Status> {
-    let method_len = h.method_len as usize;
-    let md_end = method_len + h.metadata_len as usize;
-    let metadata = Metadata::decode(&body[method_len..md_end])?;
+    let md_end = h.metadata_len as usize;
+    let metadata = Metadata::decode(&body[..md_end])?;
     let rest = &body[md_end..];
     if code == Code::Ok {
         out.extend_from_slice(rest);

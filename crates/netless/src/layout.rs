@@ -162,6 +162,80 @@ impl WireHeader {
     }
 }
 
+/// The 32-byte header in front of every response record (responses need no token, deadline
+/// or block run, and a small header keeps a 64-byte reply within two cache lines).
+///
+/// The body is `metadata encoding ++ payload` (or the UTF-8 status message when `status` is
+/// not OK), `body_len` bytes in all, sent in fragments as [`WireHeader`] describes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResponseHeader {
+    /// The call this answers.
+    pub call_id: u64,
+    /// Always [`kind::RESPONSE`].
+    pub kind: u16,
+    /// The gRPC status code.
+    pub status: u16,
+    /// Length of the whole body.
+    pub body_len: u32,
+    /// Where this fragment's bytes start in the body.
+    pub frag_offset: u32,
+    /// Bytes of body in this fragment.
+    pub frag_len: u32,
+    /// Length of the metadata encoding at the start of the body.
+    pub metadata_len: u32,
+    pub reserved: u32,
+}
+/// Size of [`ResponseHeader`].
+pub const RESPONSE_HEADER_LEN: usize = 32;
+const _: () = assert!(std::mem::size_of::<ResponseHeader>() == RESPONSE_HEADER_LEN);
+
+impl ResponseHeader {
+    /// The header as bytes, to copy into shared memory.
+    pub fn as_bytes(&self) -> &[u8; RESPONSE_HEADER_LEN] {
+        // SAFETY: repr(C), 32 bytes of plain integers without padding (const-asserted).
+        unsafe { &*(self as *const ResponseHeader as *const [u8; RESPONSE_HEADER_LEN]) }
+    }
+
+    /// Reads a header from bytes another process may be writing; validation is the caller's.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of [`RESPONSE_HEADER_LEN`] bytes.
+    pub unsafe fn read_from(src: *const u8) -> ResponseHeader {
+        // SAFETY: the caller guarantees the bytes; any bit pattern is a valid value.
+        unsafe { std::ptr::read_unaligned(src as *const ResponseHeader) }
+    }
+
+    /// Checks the lengths against `max_message` and the fragment's container.
+    pub fn validate_shape(
+        &self,
+        max_message: usize,
+        frag_capacity: usize,
+    ) -> Result<(), &'static str> {
+        let body = self.body_len as usize;
+        let frag = self.frag_len as usize;
+        if body > max_message {
+            return Err("body longer than the maximum message size");
+        }
+        if frag > frag_capacity {
+            return Err("fragment longer than its record");
+        }
+        if (self.frag_offset as usize)
+            .checked_add(frag)
+            .is_none_or(|end| end > body)
+        {
+            return Err("fragment outside the body");
+        }
+        if frag == 0 && body != 0 {
+            return Err("empty fragment of a non-empty body");
+        }
+        if self.metadata_len as usize > body {
+            return Err("metadata longer than the body");
+        }
+        Ok(())
+    }
+}
+
 /// Block-table word encoding: `0` is FREE; otherwise the low 31 bits are the owning
 /// connection's tag and the top bit says CACHED (the message is done; the block stays leased to
 /// that connection for its next message) versus OWNED (holds a message being sent or served).

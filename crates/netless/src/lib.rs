@@ -34,6 +34,7 @@ mod layout;
 mod metadata;
 mod segments;
 mod server;
+mod spin_lock;
 mod status;
 
 pub(crate) use netless_shm::sync;

@@ -26,6 +26,8 @@ const MAX_REPLICA_LEN: usize = 1 << 30;
 const MAX_CONN_LEN: usize = (1 << 30) + 4096;
 /// First byte after the doorbell line.
 const AFTER_DOORBELL: usize = DOORBELL_OFFSET + 64;
+/// Where a connection segment's response ring starts.
+const RING_OFFSET: usize = 256;
 
 /// A mapped replica segment.
 pub(crate) struct ReplicaSegment {
@@ -234,7 +236,9 @@ impl ConnSegment {
     /// the consumer end of its ring.
     pub(crate) fn create(ring_bytes: usize) -> Result<(ConnSegment, Consumer<'static>), Status> {
         let ring_slots = (ring_bytes / 64).next_power_of_two().max(64) as u32;
-        let ring_offset = AFTER_DOORBELL;
+        // 256: the ring's slots then start 128-byte aligned, so a record's first two lines are an
+        // aligned pair the adjacent-line prefetcher fetches together.
+        let ring_offset = RING_OFFSET;
         let total_len = ring_offset + ResponseRing::bytes_needed(ring_slots);
         let segment = Segment::create("netless-conn", total_len).map_err(|e| {
             Status::resource_exhausted(format!("cannot create connection segment: {e}"))
@@ -266,7 +270,7 @@ impl ConnSegment {
     pub(crate) fn attach(fd: OwnedFd) -> Result<(ConnSegment, Producer<'static>), String> {
         let segment = Segment::attach(fd, MAX_CONN_LEN)
             .map_err(|e| format!("cannot map connection segment: {e}"))?;
-        if segment.len() < AFTER_DOORBELL {
+        if segment.len() < RING_OFFSET {
             return Err("connection segment too short".into());
         }
         // SAFETY: at least 32 readable bytes at a page-aligned address; plain integers.
@@ -275,19 +279,19 @@ impl ConnSegment {
         if h.magic != CONN_MAGIC || h.version != LAYOUT_VERSION {
             return Err("connection segment has a bad magic or version".into());
         }
-        if h.total_len != segment.len() as u64 || h.ring_offset != AFTER_DOORBELL as u64 {
+        if h.total_len != segment.len() as u64 || h.ring_offset != RING_OFFSET as u64 {
             return Err("connection segment geometry does not match its length".into());
         }
-        // SAFETY: the ring region [AFTER_DOORBELL, len) lies inside the mapping, 64-aligned;
+        // SAFETY: the ring region [RING_OFFSET, len) lies inside the mapping, 64-aligned;
         // attach validates the slot count against the region length.
         let producer = unsafe {
             ResponseRing::attach(
-                NonNull::new_unchecked(segment.as_ptr().add(AFTER_DOORBELL)),
-                segment.len() - AFTER_DOORBELL,
+                NonNull::new_unchecked(segment.as_ptr().add(RING_OFFSET)),
+                segment.len() - RING_OFFSET,
             )
         }
         .map_err(|e| format!("connection segment's ring is malformed: {e}"))?;
-        // SAFETY: the doorbell line lies inside the mapping (len >= AFTER_DOORBELL).
+        // SAFETY: the doorbell line lies inside the mapping (len >= RING_OFFSET).
         let doorbell = unsafe { &*(segment.as_ptr().add(DOORBELL_OFFSET) as *const DoorbellWords) };
         Ok((ConnSegment { doorbell, segment }, producer))
     }

@@ -20,17 +20,21 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use netless_ring::prefetch::{prefetch_read_range, prefetch_write, prefetch_write_range};
 use netless_ring::{ConsumerHead, Dequeue, Producer, PushError};
 use netless_shm::{peer_cred, recv_frame, send_frame, service_socket_path, socket_dir};
 
 use crate::call::{Request, ResponseBuilder};
 use crate::config::ServerConfig;
 use crate::handshake::{Frame, PROTOCOL_VERSION};
-use crate::layout::{block_state, conn_tag, kind, WireHeader, HEADER_LEN};
+use crate::layout::{
+    block_state, conn_tag, kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+};
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment};
+use crate::spin_lock::SpinLock;
 use crate::status::{Code, Status};
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Serves one method table. Implemented for closures.
 ///
@@ -105,13 +109,34 @@ struct ServerShared {
     slots: Box<[ConnSlot]>,
     handler: Box<dyn Handler>,
     stopping: AtomicBool,
-    requests: AtomicU64,
-    errors: AtomicU64,
+    workers: Box<[WorkerSlot]>,
     dropped: AtomicU64,
     violations: AtomicU64,
     connections: AtomicU32,
     #[cfg(feature = "fault-injection")]
     corrupt_responses: AtomicU32,
+}
+
+/// What one worker is doing, and its counters: written only by that worker (plain stores,
+/// no locked instructions on the hot path), read by the acceptor and `stats`. Padded to its
+/// own cache line.
+#[repr(align(64))]
+#[derive(Default)]
+struct WorkerSlot {
+    /// `IDLE`, `BUSY` (between taking a queue entry and knowing its connection), or the tag
+    /// of the connection whose request it is serving.
+    serving: AtomicU32,
+    requests: AtomicU64,
+    errors: AtomicU64,
+}
+
+const IDLE: u32 = 0;
+const BUSY: u32 = u32::MAX;
+
+impl WorkerSlot {
+    fn count(counter: &AtomicU64) {
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
 }
 
 struct ConnSlot {
@@ -125,10 +150,11 @@ struct Conn {
     tag: u32,
     token: u64,
     segment: ConnSegment,
-    producer: Mutex<Producer<'static>>,
+    producer: SpinLock<Producer<'static>>,
+    /// Where the next response record goes (a prefetch hint, updated after each push).
+    next_record: AtomicUsize,
     socket: UnixStream,
     dead: AtomicBool,
-    in_flight: AtomicU32,
     partials: Mutex<HashMap<u64, Partial>>,
 }
 
@@ -221,8 +247,7 @@ impl Server {
                 .collect(),
             handler: Box::new(handler),
             stopping: AtomicBool::new(false),
-            requests: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
+            workers: (0..config.workers).map(|_| WorkerSlot::default()).collect(),
             dropped: AtomicU64::new(0),
             violations: AtomicU64::new(0),
             connections: AtomicU32::new(0),
@@ -277,8 +302,18 @@ impl Server {
         let table = self.shared.replica.table();
         ServerStats {
             connections: self.shared.connections.load(Ordering::Relaxed),
-            requests: self.shared.requests.load(Ordering::Relaxed),
-            errors: self.shared.errors.load(Ordering::Relaxed),
+            requests: self
+                .shared
+                .workers
+                .iter()
+                .map(|w| w.requests.load(Ordering::Relaxed))
+                .sum(),
+            errors: self
+                .shared
+                .workers
+                .iter()
+                .map(|w| w.errors.load(Ordering::Relaxed))
+                .sum(),
             dropped: self.shared.dropped.load(Ordering::Relaxed),
             protocol_violations: self.shared.violations.load(Ordering::Relaxed),
             free_blocks: table
@@ -490,11 +525,11 @@ impl ServerShared {
             index: index as u32,
             tag,
             token,
-            producer: Mutex::new(producer),
+            next_record: AtomicUsize::new(producer.next_record_ptr() as usize),
+            producer: SpinLock::new(producer),
             segment,
             socket,
             dead: AtomicBool::new(false),
-            in_flight: AtomicU32::new(0),
             partials: Mutex::new(HashMap::new()),
         });
         *self.slots[index]
@@ -541,7 +576,10 @@ impl ServerShared {
     fn try_reclaim(&self, d: &Dying) -> bool {
         let drained = self.head.position().wrapping_sub(d.tail_at_death) as i64 >= 0;
         if !(drained
-            && d.conn.in_flight.load(Ordering::Acquire) == 0
+            && self.workers.iter().all(|w| {
+                let serving = w.serving.load(Ordering::Acquire);
+                serving != BUSY && serving != d.conn.tag
+            })
             && d.since.elapsed() >= RECLAIM_GRACE)
         {
             return false;
@@ -576,6 +614,10 @@ impl ServerShared {
         let mut cache: Vec<Option<Arc<Conn>>> = vec![None; self.slots.len()];
         let mut response = ResponseBuilder::default();
         let queue = self.replica.queue();
+        let me = &self.workers[worker];
+        let single = self.workers.len() == 1;
+        let futex_only = self.config.wait.mode == netless_ring::WaitMode::Futex;
+        let mut polls = 0u32;
         while !self.stopping.load(Ordering::Acquire) {
             let item = netless_ring::wait(
                 self.replica.doorbell(),
@@ -583,26 +625,58 @@ impl ServerShared {
                 None,
                 Duration::from_millis(100),
                 || {
+                    polls = polls.wrapping_add(1);
                     if self.stopping.load(Ordering::Acquire) {
                         return Some(None);
                     }
-                    match queue.try_dequeue(&self.head) {
+                    // Most polls read only the next cell; every 256th also checks for holes,
+                    // which reads the tail clients write. (In futex mode a worker polls once
+                    // per wake-up, so it checks every time.)
+                    let full_check = futex_only || polls.is_multiple_of(256);
+                    // Before the entry is taken: say so (reclamation waits for BUSY workers),
+                    // and start fetching the request while the claim waits for the cell.
+                    let on_full = |block: u32| {
+                        me.serving.store(BUSY, Ordering::Relaxed);
+                        if let Some(first) = self.replica.block_run(block, 1) {
+                            prefetch_read_range(first, 2 * 64, 2);
+                        }
+                        // For writing: the worker reads it, then stores CACHED into it.
+                        if let Some(word) = self.replica.table().get(block as usize) {
+                            prefetch_write((word as *const AtomicU32).cast());
+                        }
+                    };
+                    let dequeued = if single {
+                        queue.try_dequeue_single_consumer(&self.head, full_check, on_full)
+                    } else {
+                        queue.try_dequeue_with(&self.head, full_check, on_full)
+                    };
+                    match dequeued {
                         Dequeue::Item(block) => Some(Some(block)),
                         Dequeue::Skipped => {
+                            me.serving.store(IDLE, Ordering::Release);
                             self.dropped.fetch_add(1, Ordering::Relaxed);
                             None
                         }
-                        Dequeue::Empty => None,
+                        Dequeue::Empty => {
+                            // on_full may have run for an entry another worker won.
+                            if !single {
+                                me.serving.store(IDLE, Ordering::Release);
+                            }
+                            None
+                        }
                     }
                 },
             );
             if let Ok(Some(block)) = item {
-                self.serve(block, &mut cache, &mut response);
+                self.serve(block, me, &mut cache, &mut response);
+                me.serving.store(IDLE, Ordering::Release);
             }
         }
     }
 
-    fn lookup(&self, index: u32, cache: &mut [Option<Arc<Conn>>]) -> Option<Arc<Conn>> {
+    /// The live connection at `index`, from the worker's cache (refreshed when the slot's
+    /// tag changed). Borrowed, so the hot path clones no `Arc`.
+    fn lookup<'c>(&self, index: u32, cache: &'c mut [Option<Arc<Conn>>]) -> Option<&'c Conn> {
         let slot = self.slots.get(index as usize)?;
         let tag = slot.tag.load(Ordering::Acquire);
         if tag == 0 {
@@ -612,11 +686,17 @@ impl ServerShared {
         if cached.as_ref().is_none_or(|c| c.tag != tag) {
             *cached = slot.conn.read().ok()?.clone();
         }
-        cached.clone().filter(|c| c.tag == tag)
+        cached.as_deref().filter(|c| c.tag == tag)
     }
 
     /// Validates and serves the request whose run starts at `block`.
-    fn serve(&self, block: u32, cache: &mut [Option<Arc<Conn>>], response: &mut ResponseBuilder) {
+    fn serve(
+        &self,
+        block: u32,
+        me: &WorkerSlot,
+        cache: &mut [Option<Arc<Conn>>],
+        response: &mut ResponseBuilder,
+    ) {
         let replica = &self.replica;
         let Some(first) = replica.block_run(block, 1) else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -628,12 +708,13 @@ impl ServerShared {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        // From here until the worker goes IDLE, the connection's blocks are not reclaimed.
+        me.serving.store(conn.tag, Ordering::Relaxed);
         if h.token != conn.token || conn.dead.load(Ordering::Acquire) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        conn.in_flight.fetch_add(1, Ordering::AcqRel);
-        let outcome = self.serve_conn(&conn, block, &h, response);
+        let outcome = self.serve_conn(conn, block, &h, me, response);
         if let Err(why) = outcome {
             self.violations.fetch_add(1, Ordering::Relaxed);
             conn.close(Status::internal(format!(
@@ -641,7 +722,6 @@ impl ServerShared {
                 self.service
             )));
         }
-        conn.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn serve_conn(
@@ -649,6 +729,7 @@ impl ServerShared {
         conn: &Conn,
         block: u32,
         h: &WireHeader,
+        me: &WorkerSlot,
         response: &mut ResponseBuilder,
     ) -> Result<(), &'static str> {
         let replica = &self.replica;
@@ -670,20 +751,21 @@ impl ServerShared {
         // and frag_len <= capacity, so the fragment lies within the run.
         let fragment =
             unsafe { std::slice::from_raw_parts(run.add(HEADER_LEN), h.frag_len as usize) };
+        // A plain Release store, not a CAS: the words were validated as OWNED by this
+        // connection above, only their owner may change them meanwhile (an honest one does
+        // not), and a store does not stall this worker until the line is back from the
+        // client's core. The store is ordered before the response (TSO and Release), so the
+        // client sees its blocks CACHED by the time it sees the reply.
         let release = || {
             for w in words {
-                let _ = w.compare_exchange(
-                    owned,
-                    block_state::cached(conn.tag),
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                );
+                w.store(block_state::cached(conn.tag), Ordering::Release);
             }
         };
         if h.frag_len == h.body_len {
-            let result = self.dispatch(conn, h, fragment, response);
-            release();
-            return result;
+            // The blocks go back to the client (CACHED) as soon as the handler is done with
+            // the request and before the response is published, so the client's next call
+            // finds them ready for reuse.
+            return self.dispatch(conn, h, fragment, me, response, release);
         }
         // A fragment: copy it out, free its blocks at once, dispatch when complete.
         let complete = {
@@ -711,34 +793,50 @@ impl ServerShared {
         };
         release();
         match complete {
-            Some(body) => self.dispatch(conn, h, &body, response),
+            Some(body) => self.dispatch(conn, h, &body, me, response, || {}),
             None => Ok(()),
         }
     }
 
-    /// Runs the handler on a whole request body and sends the response.
+    /// Runs the handler on a whole request body, calls `done_with_body` once nothing reads the
+    /// body any more, and sends the response.
     fn dispatch(
         &self,
         conn: &Conn,
         h: &WireHeader,
         body: &[u8],
+        me: &WorkerSlot,
         response: &mut ResponseBuilder,
+        done_with_body: impl FnOnce(),
     ) -> Result<(), &'static str> {
         let method_end = h.method_len as usize;
         let md_end = method_end + h.metadata_len as usize;
-        let method =
-            std::str::from_utf8(&body[..method_end]).map_err(|_| "method name is not UTF-8")?;
-        let metadata = Metadata::decode(&body[method_end..md_end])
-            .map_err(|_| "malformed request metadata")?;
-        let now_ns = netless_shm::monotonic_ns();
-        let deadline = (h.deadline_ns != 0)
-            .then(|| Instant::now() + Duration::from_nanos(h.deadline_ns.saturating_sub(now_ns)));
+        let Ok(method) = std::str::from_utf8(&body[..method_end]) else {
+            done_with_body();
+            return Err("method name is not UTF-8");
+        };
+        let Ok(metadata) = Metadata::decode(&body[method_end..md_end]) else {
+            done_with_body();
+            return Err("malformed request metadata");
+        };
+        // The clock is read only for calls that carry a deadline.
+        let (deadline, expired) = if h.deadline_ns == 0 {
+            (None, false)
+        } else {
+            let now_ns = netless_shm::monotonic_ns();
+            let left = Duration::from_nanos(h.deadline_ns.saturating_sub(now_ns));
+            (Some(Instant::now() + left), h.deadline_ns <= now_ns)
+        };
         response.reset();
-        let result = if h.deadline_ns != 0 && h.deadline_ns <= now_ns {
+        let result = if expired {
             Err(Status::deadline_exceeded(
                 "deadline expired before the server started the call",
             ))
         } else {
+            // Take the response ring's next lines while the handler runs (a guess: a reply
+            // about as long as the request).
+            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+            prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 3);
             let request = Request {
                 method,
                 metadata,
@@ -747,7 +845,8 @@ impl ServerShared {
             };
             self.handler.call(&request, response)
         };
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        done_with_body();
+        WorkerSlot::count(&me.requests);
         let sent = match result {
             Ok(()) => self.respond(
                 conn,
@@ -757,7 +856,7 @@ impl ServerShared {
                 &response.payload,
             ),
             Err(status) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
+                WorkerSlot::count(&me.errors);
                 self.respond(
                     conn,
                     h.call_id,
@@ -792,16 +891,25 @@ impl ServerShared {
             &md_bytes
         };
         let body_len = md_len + payload.len();
-        let mut producer = lock(&conn.producer);
+        let mut guard;
+        let producer = if self.workers.len() == 1 {
+            // SAFETY: with a single worker, this thread is the only one that ever touches any
+            // connection's producer (the acceptor and shutdown never do), so no lock (and no
+            // locked instruction stalling on this core's pending stores) is needed.
+            unsafe { conn.producer.get_unsynchronized() }
+        } else {
+            guard = conn.producer.lock();
+            &mut *guard
+        };
         #[cfg(feature = "fault-injection")]
         match self.corrupt_responses.load(Ordering::Relaxed) {
             1 => {
-                let garbage = WireHeader {
+                let garbage = ResponseHeader {
                     call_id,
                     kind: kind::RESPONSE,
                     body_len: 10,
                     frag_len: 5000,
-                    ..WireHeader::default()
+                    ..ResponseHeader::default()
                 };
                 let _ = producer.try_push(&[garbage.as_bytes()]);
                 netless_ring::ring(conn.segment.doorbell());
@@ -817,14 +925,17 @@ impl ServerShared {
             }
             _ => {}
         }
-        let max_fragment = producer.max_record_len().saturating_sub(HEADER_LEN).max(1);
-        let mut header = WireHeader {
+        let max_fragment = producer
+            .max_record_len()
+            .saturating_sub(RESPONSE_HEADER_LEN)
+            .max(1);
+        let mut header = ResponseHeader {
             call_id,
             kind: kind::RESPONSE,
             status: code as u16,
             body_len: body_len as u32,
             metadata_len: md_len as u32,
-            ..WireHeader::default()
+            ..ResponseHeader::default()
         };
         let mut offset = 0;
         loop {
@@ -855,11 +966,14 @@ impl ServerShared {
                     Err(_) => return Err("the response ring's head is corrupt"),
                 }
             }
-            netless_ring::ring(conn.segment.doorbell());
             offset += frag_len;
             if offset >= body_len {
+                conn.next_record
+                    .store(producer.next_record_ptr() as usize, Ordering::Relaxed);
+                netless_ring::ring(conn.segment.doorbell());
                 return Ok(());
             }
+            netless_ring::ring(conn.segment.doorbell());
         }
     }
 }
