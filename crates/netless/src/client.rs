@@ -175,6 +175,18 @@ impl Client {
                 "handshake with service `{service}` failed: {e} (refused by the server's ACL, or it is shutting down)"
             ))
         };
+        // The server speaks first: a greeting once our credentials passed its ACL, or the
+        // reason it refuses us. Only then does our segment's fd cross.
+        let (bytes, _) = recv_frame(&socket, 0).map_err(hs)?;
+        match Frame::decode(&bytes) {
+            Some(Frame::Greeting { .. }) => {}
+            Some(Frame::Reject(status)) => return Err(status),
+            _ => {
+                return Err(Status::unavailable(format!(
+                    "service `{service}` sent a malformed greeting"
+                )))
+            }
+        }
         send_frame(
             &socket,
             &Frame::Hello {

@@ -1,6 +1,9 @@
 //! The connection handshake over the service's Unix socket: who sends which fd, and the small
 //! frames exchanged before shared memory takes over.
 //!
+//! Server → client: `Greeting` once `SO_PEERCRED` passed the ACL, or `Reject` with a status
+//! (so no fd crosses in either direction before the ACL check, and a refused client reads
+//! the reason instead of a reset).
 //! Client → server: `Hello` with the client's connection segment (its response ring).
 //! Server → client: `Welcome` with the replica segment, or `Reject` with a status.
 //! Afterwards the socket stays open and silent: its hang-up is each side's death notice; the
@@ -13,12 +16,16 @@ const HELLO: u8 = 1;
 const WELCOME: u8 = 2;
 const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
+const GREETING: u8 = 5;
 /// Protocol version carried in `Hello` and `Welcome`.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Frame {
+    Greeting {
+        version: u32,
+    },
     Hello {
         version: u32,
     },
@@ -38,6 +45,10 @@ impl Frame {
         match self {
             Frame::Hello { version } => {
                 out.push(HELLO);
+                out.extend_from_slice(&version.to_le_bytes());
+            }
+            Frame::Greeting { version } => {
+                out.push(GREETING);
                 out.extend_from_slice(&version.to_le_bytes());
             }
             Frame::Welcome {
@@ -71,6 +82,9 @@ impl Frame {
             Some(u32::from_le_bytes(rest.get(i..i + 4)?.try_into().ok()?))
         };
         match tag {
+            GREETING if rest.len() == 4 => Some(Frame::Greeting {
+                version: u32_at(0)?,
+            }),
             HELLO if rest.len() == 4 => Some(Frame::Hello {
                 version: u32_at(0)?,
             }),
@@ -103,6 +117,7 @@ mod tests {
     fn frames_round_trip() {
         for f in [
             Frame::Hello { version: 1 },
+            Frame::Greeting { version: 1 },
             Frame::Welcome {
                 version: 1,
                 conn_index: 3,

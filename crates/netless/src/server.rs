@@ -471,6 +471,8 @@ impl ServerShared {
         let _ = socket.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
         let reject = |status: Status| {
             let _ = send_frame(&socket, &Frame::Reject(status).encode(), &[]);
+            // Half-close so the client reads the reason before the socket goes away.
+            let _ = socket.shutdown(std::net::Shutdown::Write);
             None
         };
         // The ACL is checked before anything is read or any fd is passed.
@@ -491,6 +493,10 @@ impl ServerShared {
             }
             Err(e) => return reject(Status::unavailable(format!("cannot read peer credentials: {e}"))),
         }
+        let greeting = Frame::Greeting {
+            version: PROTOCOL_VERSION,
+        };
+        send_frame(&socket, &greeting.encode(), &[]).ok()?;
         let (bytes, mut fds) = recv_frame(&socket, 1).ok()?;
         match Frame::decode(&bytes) {
             Some(Frame::Hello { version }) if version == PROTOCOL_VERSION => {}
