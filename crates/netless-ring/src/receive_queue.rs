@@ -247,11 +247,27 @@ impl<'a> ReceiveQueue<'a> {
 
     /// Producer (client) side: enqueues `value`, lock-free, in a bounded number of steps.
     pub fn try_enqueue(&self, value: u32) -> Result<(), EnqueueError> {
-        for _ in 0..ENQUEUE_ATTEMPTS {
+        for attempt in 0..ENQUEUE_ATTEMPTS {
             let t = self.tail.load(Acquire);
             let lap = t >> self.lap_shift;
             let cell = self.cell(t);
-            let word = cell.load(Acquire);
+            // First try: assume the cell is free for `t` and CAS straight away. The cell's
+            // line usually sits in the consumer's cache (it polls it); a load first would
+            // fetch it shared and the CAS would then need a second trip to own it.
+            let word = if attempt == 0 {
+                match cell.compare_exchange(empty_word(lap), full_word(lap, value), AcqRel, Acquire)
+                {
+                    Ok(_) => {
+                        let _ = self
+                            .tail
+                            .compare_exchange(t, t.wrapping_add(1), Release, Relaxed);
+                        return Ok(());
+                    }
+                    Err(actual) => actual,
+                }
+            } else {
+                cell.load(Acquire)
+            };
             match turn_of(word).wrapping_sub(turn_empty(lap)) {
                 // Free for position t: claim and fill it in one step.
                 0 => {

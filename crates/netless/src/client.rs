@@ -32,6 +32,7 @@ use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN};
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment};
+use crate::spin_lock::SpinLock;
 use crate::status::{Code, Status};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -109,7 +110,7 @@ pub(crate) struct Shared {
     lease: BlockLease,
     slots: Box<[CallSlot]>,
     free: Box<[AtomicU64]>,
-    consumer: Mutex<Consumer<'static>>,
+    consumer: SpinLock<Consumer<'static>>,
     dead: AtomicBool,
     death: Mutex<Option<Status>>,
     parked: AtomicU32,
@@ -117,6 +118,18 @@ pub(crate) struct Shared {
     stopping: AtomicBool,
     reaper_thread: Mutex<Option<Thread>>,
     socket: UnixStream,
+}
+
+/// Why a caller holding the ring stopped waiting on it.
+enum Ended {
+    /// Its own reply arrived and was decoded.
+    Mine(Result<Metadata, Status>),
+    /// The ring holds garbage: the connection must close.
+    Corrupt(Status),
+    /// The call completed by another path, or the connection died.
+    Elsewhere,
+    /// The deadline passed.
+    TimedOut,
 }
 
 /// The outcome of draining the ring for one's own call.
@@ -240,7 +253,7 @@ impl Client {
                 config.block_cache,
                 conn_index.wrapping_mul(97) % g.nblocks,
             ),
-            consumer: Mutex::new(consumer),
+            consumer: SpinLock::new(consumer),
             server_max_message: g.max_message as usize,
             fragment_body,
             slots: (0..n).map(|_| CallSlot::new()).collect(),
@@ -776,51 +789,58 @@ impl Shared {
                     .abandon(index, out)
                     .unwrap_or_else(|| Err(self.death_status()));
             }
-            if let Ok(mut consumer) = self.consumer.try_lock() {
-                let mine = self.drain(&mut consumer, Some((call_id, &mut *out)));
-                match mine {
-                    Ok(Mine::Done(result)) => {
-                        drop(consumer);
-                        self.after_consumer_release();
+            if let Some(mut consumer) = self.consumer.try_lock() {
+                // We hold the ring: drain it, and wait on it, until our reply is in (or
+                // something else ends the call); the lock is kept across the wait so the reply
+                // is decoded the moment it lands.
+                let ended = loop {
+                    match self.drain(&mut consumer, Some((call_id, &mut *out))) {
+                        Ok(Mine::Done(result)) => break Ended::Mine(result),
+                        Ok(Mine::NotYet) => {}
+                        Err(status) => break Ended::Corrupt(status),
+                    }
+                    if slot.state.load(Ordering::Acquire) == DONE
+                        || self.dead.load(Ordering::Acquire)
+                    {
+                        break Ended::Elsewhere;
+                    }
+                    // Use the wait to get the next call's blocks ready.
+                    if let Some((start, count)) = self.lease.prepare_spare(self.replica.table()) {
+                        if let Some(dst) = self.replica.block_run(start, count) {
+                            let bytes = count as usize * self.replica.block_size();
+                            prefetch_write_range(dst, bytes, 64);
+                        }
+                    }
+                    let waited = netless_ring::wait(
+                        self.conn.doorbell(),
+                        &self.config.wait,
+                        deadline,
+                        MAX_SLEEP,
+                        || {
+                            (consumer.has_next()
+                                || self.dead.load(Ordering::Acquire)
+                                || slot.state.load(Ordering::Acquire) == DONE)
+                                .then_some(())
+                        },
+                    );
+                    if waited.is_err() {
+                        break Ended::TimedOut;
+                    }
+                };
+                drop(consumer);
+                self.after_consumer_release();
+                match ended {
+                    Ended::Mine(result) => {
                         self.free_slot(index);
                         break result;
                     }
-                    Ok(Mine::NotYet) => {}
-                    Err(status) => {
-                        drop(consumer);
-                        self.fail(status);
-                        continue;
+                    Ended::Corrupt(status) => self.fail(status),
+                    Ended::Elsewhere => {}
+                    Ended::TimedOut => {
+                        break self
+                            .abandon(index, out)
+                            .unwrap_or_else(|| Err(deadline_status()));
                     }
-                }
-                if slot.state.load(Ordering::Acquire) == DONE {
-                    drop(consumer);
-                    self.after_consumer_release();
-                    continue;
-                }
-                // Use the wait to get the next call's blocks ready.
-                if let Some((start, count)) = self.lease.prepare_spare(self.replica.table()) {
-                    if let Some(dst) = self.replica.block_run(start, count) {
-                        prefetch_write_range(dst, 2 * 64, 2);
-                    }
-                }
-                let waited = netless_ring::wait(
-                    self.conn.doorbell(),
-                    &self.config.wait,
-                    deadline,
-                    MAX_SLEEP,
-                    || {
-                        (consumer.has_next()
-                            || self.dead.load(Ordering::Acquire)
-                            || slot.state.load(Ordering::Acquire) == DONE)
-                            .then_some(())
-                    },
-                );
-                drop(consumer);
-                if waited.is_err() {
-                    self.after_consumer_release();
-                    break self
-                        .abandon(index, out)
-                        .unwrap_or_else(|| Err(deadline_status()));
                 }
             } else {
                 if !registered {
@@ -1022,7 +1042,11 @@ impl Shared {
                 thread::park_timeout(Duration::from_millis(100));
                 continue;
             }
-            let mut consumer = lock(&self.consumer);
+            let Some(mut consumer) = self.consumer.try_lock() else {
+                // A blocking caller holds the ring; it unparks us when it lets go.
+                thread::park_timeout(Duration::from_millis(1));
+                continue;
+            };
             if let Err(status) = self.drain(&mut consumer, None) {
                 drop(consumer);
                 self.fail(status);
@@ -1197,7 +1221,7 @@ impl Future for CallFuture {
                 if slot.state.load(Ordering::Acquire) == DONE {
                     return finish(this, shared.take_reply(index));
                 }
-                if let Ok(mut consumer) = shared.consumer.try_lock() {
+                if let Some(mut consumer) = shared.consumer.try_lock() {
                     let drained = shared.drain(&mut consumer, None);
                     drop(consumer);
                     shared.after_consumer_release();

@@ -842,7 +842,7 @@ impl ServerShared {
             // Take the response ring's next lines while the handler runs (a guess: a reply
             // about as long as the request).
             let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-            prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 3);
+            prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
             let request = Request {
                 method,
                 metadata,
