@@ -757,6 +757,7 @@ impl ServerShared {
         // and frag_len <= capacity, so the fragment lies within the run.
         let fragment =
             unsafe { std::slice::from_raw_parts(run.add(HEADER_LEN), h.frag_len as usize) };
+        prefetch_read_range(fragment.as_ptr(), fragment.len(), 64);
         // A plain Release store, not a CAS: the words were validated as OWNED by this
         // connection above, only their owner may change them meanwhile (an honest one does
         // not), and a store does not stall this worker until the line is back from the
