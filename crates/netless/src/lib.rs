@@ -26,6 +26,8 @@ mod blocks;
 mod call;
 mod client;
 mod config;
+#[cfg(test)]
+mod decode_props;
 #[cfg(feature = "fault-injection")]
 #[doc(hidden)]
 pub mod fault;
