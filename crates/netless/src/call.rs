@@ -84,19 +84,52 @@ pub struct Request<'a> {
     pub deadline: Option<Instant>,
 }
 
-/// Where a handler writes its response; reused across calls by each worker so a steady
-/// stream of calls allocates nothing.
+/// Where a handler writes its response: metadata and payload, or (with
+/// [`ResponseBuilder::reply_with`]) bytes it borrows from the request, which the server copies
+/// straight into the response ring without an intermediate buffer.
+///
+/// ```
+/// use netless::{Request, ResponseBuilder, Status};
+/// // Echo without copying the payload into a buffer first.
+/// fn echo<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+///     resp.reply_with(req.payload);
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug, Default)]
-pub struct ResponseBuilder {
+pub struct ResponseBuilder<'a> {
     /// Response metadata.
     pub metadata: Metadata,
-    /// Response bytes.
+    /// Response bytes (ignored once [`ResponseBuilder::reply_with`] was called).
     pub payload: Vec<u8>,
+    borrowed: Option<&'a [u8]>,
 }
 
-impl ResponseBuilder {
-    pub(crate) fn reset(&mut self) {
-        self.metadata.clear();
-        self.payload.clear();
+impl<'a> ResponseBuilder<'a> {
+    /// Replies with `bytes`, typically borrowed from the request (forwarding, echo), without
+    /// copying them into [`ResponseBuilder::payload`].
+    pub fn reply_with(&mut self, bytes: &'a [u8]) {
+        self.borrowed = Some(bytes);
+    }
+
+    /// A builder that reuses `metadata` and `payload`'s allocations.
+    pub(crate) fn recycle(mut metadata: Metadata, mut payload: Vec<u8>) -> ResponseBuilder<'a> {
+        metadata.clear();
+        payload.clear();
+        ResponseBuilder {
+            metadata,
+            payload,
+            borrowed: None,
+        }
+    }
+
+    /// The response bytes to send.
+    pub(crate) fn body(&self) -> &[u8] {
+        self.borrowed.unwrap_or(&self.payload)
+    }
+
+    /// True when the response borrows the request's bytes (so they must outlive sending it).
+    pub(crate) fn borrows_request(&self) -> bool {
+        self.borrowed.is_some()
     }
 }

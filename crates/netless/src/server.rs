@@ -50,14 +50,25 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 pub trait Handler: Send + Sync + 'static {
     /// Handles one request, writing the response into `response`; an `Err` becomes the call's
     /// status.
-    fn call(&self, request: &Request<'_>, response: &mut ResponseBuilder) -> Result<(), Status>;
+    fn call<'a>(
+        &self,
+        request: &Request<'a>,
+        response: &mut ResponseBuilder<'a>,
+    ) -> Result<(), Status>;
 }
 
 impl<F> Handler for F
 where
-    F: Fn(&Request<'_>, &mut ResponseBuilder) -> Result<(), Status> + Send + Sync + 'static,
+    F: for<'a> Fn(&Request<'a>, &mut ResponseBuilder<'a>) -> Result<(), Status>
+        + Send
+        + Sync
+        + 'static,
 {
-    fn call(&self, request: &Request<'_>, response: &mut ResponseBuilder) -> Result<(), Status> {
+    fn call<'a>(
+        &self,
+        request: &Request<'a>,
+        response: &mut ResponseBuilder<'a>,
+    ) -> Result<(), Status> {
         self(request, response)
     }
 }
@@ -156,6 +167,13 @@ struct Conn {
     socket: UnixStream,
     dead: AtomicBool,
     partials: Mutex<HashMap<u64, Partial>>,
+}
+
+/// A worker's reusable response buffers, so a steady stream of calls allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    metadata: Metadata,
+    payload: Vec<u8>,
 }
 
 /// A fragmented request being reassembled.
@@ -618,7 +636,7 @@ impl ServerShared {
             }
         }
         let mut cache: Vec<Option<Arc<Conn>>> = vec![None; self.slots.len()];
-        let mut response = ResponseBuilder::default();
+        let mut response = Scratch::default();
         let queue = self.replica.queue();
         let me = &self.workers[worker];
         let single = self.workers.len() == 1;
@@ -701,7 +719,7 @@ impl ServerShared {
         block: u32,
         me: &WorkerSlot,
         cache: &mut [Option<Arc<Conn>>],
-        response: &mut ResponseBuilder,
+        response: &mut Scratch,
     ) {
         let replica = &self.replica;
         let Some(first) = replica.block_run(block, 1) else {
@@ -736,7 +754,7 @@ impl ServerShared {
         block: u32,
         h: &WireHeader,
         me: &WorkerSlot,
-        response: &mut ResponseBuilder,
+        response: &mut Scratch,
     ) -> Result<(), &'static str> {
         let replica = &self.replica;
         let table = replica.table();
@@ -813,7 +831,7 @@ impl ServerShared {
         h: &WireHeader,
         body: &[u8],
         me: &WorkerSlot,
-        response: &mut ResponseBuilder,
+        response: &mut Scratch,
         done_with_body: impl FnOnce(),
     ) -> Result<(), &'static str> {
         let method_end = h.method_len as usize;
@@ -834,7 +852,10 @@ impl ServerShared {
             let left = Duration::from_nanos(h.deadline_ns.saturating_sub(now_ns));
             (Some(Instant::now() + left), h.deadline_ns <= now_ns)
         };
-        response.reset();
+        let mut builder = ResponseBuilder::recycle(
+            std::mem::take(&mut response.metadata),
+            std::mem::take(&mut response.payload),
+        );
         let result = if expired {
             Err(Status::deadline_exceeded(
                 "deadline expired before the server started the call",
@@ -850,17 +871,23 @@ impl ServerShared {
                 payload: &body[md_end..],
                 deadline,
             };
-            self.handler.call(&request, response)
+            self.handler.call(&request, &mut builder)
         };
-        done_with_body();
+        // A reply that borrows the request must be sent before the blocks go back to the
+        // client; otherwise they go back first, so the client can reuse them at once.
+        let borrows = result.is_ok() && builder.borrows_request();
+        let mut done_with_body = Some(done_with_body);
+        if !borrows {
+            (done_with_body.take().expect("called once"))();
+        }
         WorkerSlot::count(&me.requests);
         let sent = match result {
             Ok(()) => self.respond(
                 conn,
                 h.call_id,
                 Code::Ok,
-                &response.metadata,
-                &response.payload,
+                &builder.metadata,
+                builder.body(),
             ),
             Err(status) => {
                 WorkerSlot::count(&me.errors);
@@ -873,6 +900,11 @@ impl ServerShared {
                 )
             }
         };
+        if let Some(done) = done_with_body {
+            done();
+        }
+        response.metadata = builder.metadata;
+        response.payload = builder.payload;
         sent.inspect_err(|why| {
             tracing::debug!("dropping connection {}: {why}", conn.index);
         })

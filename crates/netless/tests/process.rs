@@ -140,8 +140,10 @@ fn calls_across_processes_carry_payload_metadata_and_status() {
         4 * 1024 * 1024 - 100,
     ] {
         let payload: Vec<u8> = (0..size).map(|i| (i * 7 % 256) as u8).collect();
-        let reply = client.call("Echo", &payload, &CallOptions::new()).unwrap();
-        assert!(reply.payload == payload, "echo of {size} bytes differs");
+        for method in ["Echo", "EchoRef"] {
+            let reply = client.call(method, &payload, &CallOptions::new()).unwrap();
+            assert!(reply.payload == payload, "{method} of {size} bytes differs");
+        }
     }
     // Large responses are fragmented through the response ring.
     let reply = client

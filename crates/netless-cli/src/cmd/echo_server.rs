@@ -36,7 +36,7 @@ pub struct Args {
     pub spin_us: u64,
 }
 
-fn echo(request: &Request<'_>, response: &mut ResponseBuilder) -> Result<(), Status> {
+fn echo<'a>(request: &Request<'a>, response: &mut ResponseBuilder<'a>) -> Result<(), Status> {
     if request.method == PROTO_METHOD {
         let decoded = EchoRequest::decode(request.payload)
             .map_err(|e| Status::invalid_argument(format!("bad EchoRequest: {e}")))?;
@@ -47,7 +47,8 @@ fn echo(request: &Request<'_>, response: &mut ResponseBuilder) -> Result<(), Sta
             .encode(&mut response.payload)
             .map_err(|e| Status::internal(e.to_string()))?;
     } else {
-        response.payload.extend_from_slice(request.payload);
+        // Raw echo: the reply borrows the request, copied once, straight into the ring.
+        response.reply_with(request.payload);
     }
     for (key, value) in request.metadata.iter() {
         if key.starts_with("echo-") {

@@ -70,10 +70,11 @@ pub fn client_config(dir: &Path) -> ClientConfig {
     }
 }
 
-/// The test service: `Echo` echoes payload and `echo-*` metadata; `Fail` returns NOT_FOUND;
+/// The test service: `Echo` echoes payload and `echo-*` metadata (`EchoRef` the payload
+/// without copying it, via `reply_with`); `Fail` returns NOT_FOUND;
 /// `Slow` sleeps for the number of milliseconds in its payload (u64 LE) then echoes; `Big`
 /// returns as many bytes as its payload says (u64 LE).
-pub fn test_handler(req: &Request<'_>, resp: &mut ResponseBuilder) -> Result<(), Status> {
+pub fn test_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
     let number = || {
         req.payload
             .get(..8)
@@ -88,6 +89,10 @@ pub fn test_handler(req: &Request<'_>, resp: &mut ResponseBuilder) -> Result<(),
                     resp.metadata.insert(k, v);
                 }
             }
+            Ok(())
+        }
+        "EchoRef" => {
+            resp.reply_with(req.payload);
             Ok(())
         }
         "Fail" => Err(Status::new(netless::Code::NotFound, "no such thing")),
