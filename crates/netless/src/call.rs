@@ -127,9 +127,4 @@ impl<'a> ResponseBuilder<'a> {
     pub(crate) fn body(&self) -> &[u8] {
         self.borrowed.unwrap_or(&self.payload)
     }
-
-    /// True when the response borrows the request's bytes (so they must outlive sending it).
-    pub(crate) fn borrows_request(&self) -> bool {
-        self.borrowed.is_some()
-    }
 }

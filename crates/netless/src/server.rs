@@ -787,9 +787,6 @@ impl ServerShared {
             }
         };
         if h.frag_len == h.body_len {
-            // The blocks go back to the client (CACHED) as soon as the handler is done with
-            // the request and before the response is published, so the client's next call
-            // finds them ready for reuse.
             return self.dispatch(conn, h, fragment, me, response, release);
         }
         // A fragment: copy it out, free its blocks at once, dispatch when complete.
@@ -873,22 +870,9 @@ impl ServerShared {
             };
             self.handler.call(&request, &mut builder)
         };
-        // A reply that borrows the request must be sent before the blocks go back to the
-        // client; otherwise they go back first, so the client can reuse them at once.
-        let borrows = result.is_ok() && builder.borrows_request();
-        let mut done_with_body = Some(done_with_body);
-        if !borrows {
-            (done_with_body.take().expect("called once"))();
-        }
         WorkerSlot::count(&me.requests);
         let sent = match result {
-            Ok(()) => self.respond(
-                conn,
-                h.call_id,
-                Code::Ok,
-                &builder.metadata,
-                builder.body(),
-            ),
+            Ok(()) => self.respond(conn, h.call_id, Code::Ok, &builder.metadata, builder.body()),
             Err(status) => {
                 WorkerSlot::count(&me.errors);
                 self.respond(
@@ -900,9 +884,16 @@ impl ServerShared {
                 )
             }
         };
-        if let Some(done) = done_with_body {
-            done();
-        }
+        // The blocks go back to the client only now: a reply may borrow them, and the store
+        // into the block table (whose line the client writes too) must not hold up the
+        // reply's stores, which the CPU commits in order. The client claims its next call's
+        // blocks while it waits for this reply, so it is not waiting for these.
+        done_with_body();
+        // While idle, start owning the lines a reply like this one will use next time (not
+        // the first: the client polls its record word, and stealing it would only bounce).
+        let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+        let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
+        prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
         response.metadata = builder.metadata;
         response.payload = builder.payload;
         sent.inspect_err(|why| {

@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use netless::{CallOptions, Client};
 use prost::Message as _;
 
+use super::clock::Stopwatch;
 use super::floor::Floor;
 use super::grpc_http2::GrpcHttp2;
 use super::proto::pb::{EchoReply, EchoRequest};
@@ -108,6 +109,7 @@ impl Drop for EchoServerProcess {
 }
 
 fn netless_raw(
+    watch: &Stopwatch,
     client: &Client,
     payload: &[u8],
     calls: u64,
@@ -117,9 +119,9 @@ fn netless_raw(
     let options = CallOptions::new();
     let mut hist = hist;
     for _ in 0..calls {
-        let start = Instant::now();
+        let start = watch.mark();
         client.call_into("Echo", payload, &options, out)?;
-        let ns = start.elapsed().as_nanos() as u64;
+        let ns = watch.elapsed_ns(start);
         if out.len() != payload.len() {
             bail!(
                 "netless-raw: reply of {} bytes to a {}-byte request",
@@ -135,6 +137,7 @@ fn netless_raw(
 }
 
 fn netless_proto(
+    watch: &Stopwatch,
     client: &Client,
     payload: &[u8],
     calls: u64,
@@ -145,7 +148,7 @@ fn netless_proto(
     let options = CallOptions::new();
     let mut hist = hist;
     for _ in 0..calls {
-        let start = Instant::now();
+        let start = watch.mark();
         buf.clear();
         EchoRequest {
             payload: payload.to_vec(),
@@ -153,7 +156,7 @@ fn netless_proto(
         .encode(buf)?;
         client.call_into(PROTO_METHOD, buf, &options, out)?;
         let reply = EchoReply::decode(out.as_slice())?;
-        let ns = start.elapsed().as_nanos() as u64;
+        let ns = watch.elapsed_ns(start);
         if reply.payload.len() != payload.len() {
             bail!(
                 "netless-proto: reply payload of {} bytes",
@@ -182,6 +185,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(cpu) = client_cpu {
         netless_shm::pin_current_thread(cpu).context("pinning the measuring thread")?;
     }
+    let watch = Stopwatch::calibrate();
+    let timer_overhead = watch.overhead_ns();
 
     let mut hists: Vec<Vec<Histogram<u64>>> = args
         .payloads
@@ -207,11 +212,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for &size in &args.payloads {
         let payload = vec![0xa5u8; size];
         let mut scratch = report::new_histogram();
-        grpc.measure(size, WARMUP_CALLS / 10, &mut scratch)?;
-        netless_proto(&client, &payload, WARMUP_CALLS, &mut buf, &mut out, None)?;
-        netless_raw(&client, &payload, WARMUP_CALLS, &mut out, None)?;
+        grpc.measure(size, WARMUP_CALLS / 10, &mut scratch, &watch)?;
+        netless_proto(
+            &watch,
+            &client,
+            &payload,
+            WARMUP_CALLS,
+            &mut buf,
+            &mut out,
+            None,
+        )?;
+        netless_raw(&watch, &client, &payload, WARMUP_CALLS, &mut out, None)?;
     }
-    floor.measure(WARMUP_CALLS, &mut report::new_histogram())?;
+    floor.measure(WARMUP_CALLS, &mut report::new_histogram(), &watch)?;
 
     for round in 0..args.rounds {
         for (p, &size) in args.payloads.iter().enumerate() {
@@ -227,18 +240,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 ));
                 let hist = &mut hists[p][t];
                 match *transport {
-                    "grpc-http2" => grpc.measure(size, per_round, hist)?,
+                    "grpc-http2" => grpc.measure(size, per_round, hist, &watch)?,
                     "netless-proto" => {
                         // A short unrecorded run refills caches after the other rows ran.
-                        netless_proto(&client, &payload, 200, &mut buf, &mut out, None)?;
-                        netless_proto(&client, &payload, per_round, &mut buf, &mut out, Some(hist))?
+                        netless_proto(&watch, &client, &payload, 200, &mut buf, &mut out, None)?;
+                        netless_proto(
+                            &watch,
+                            &client,
+                            &payload,
+                            per_round,
+                            &mut buf,
+                            &mut out,
+                            Some(hist),
+                        )?
                     }
                     "netless-raw" => {
-                        netless_raw(&client, &payload, 200, &mut out, None)?;
-                        netless_raw(&client, &payload, per_round, &mut out, Some(hist))?
+                        netless_raw(&watch, &client, &payload, 200, &mut out, None)?;
+                        netless_raw(&watch, &client, &payload, per_round, &mut out, Some(hist))?
                     }
                     // The floor moves one 64-byte cache line: one row, with the first payload.
-                    _ => floor.measure(per_round, hist)?,
+                    _ => floor.measure(per_round, hist, &watch)?,
                 }
                 bar.inc(per_round);
             }
@@ -268,6 +289,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "netless bench echo: sequential calls, client and server in separate processes",
         &rows,
         "grpc-http2",
+    );
+    println!(
+        "timed with {} on a pinned thread; an empty timed interval costs {:.0} ns (included in every row)",
+        watch.source(),
+        timer_overhead
     );
     if let Some(path) = &args.json {
         report::write_json(path, "echo", &rows)

@@ -17,14 +17,16 @@
 //! which calls [`peer`]. Between measurement rounds it stops spinning after ~100 ms and
 //! sleeps on the control word (a shared futex), so it does not burn a core.
 //!
-//! Timing uses `Instant::now()` around each round trip: on this VM that costs ~20–25 ns, which
-//! is included in every recorded figure (as it is in every other transport's rows).
+//! Timing uses the benchmarks' [`Stopwatch`] (the TSC) around each round trip; its small
+//! overhead is included in every recorded figure, as it is in every other transport's rows.
 
 use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use super::clock::Stopwatch;
 
 use anyhow::{bail, Context as _};
 use hdrhistogram::Histogram;
@@ -250,7 +252,12 @@ impl Floor {
     /// A round trip: publish `seq + 1` on the ping line (Release), spin until the pong line
     /// reads `seq + 1` (Acquire). Fails if the peer does not answer within
     /// [`PEER_TIMEOUT`] (it died or never started).
-    pub fn measure(&mut self, calls: u64, hist: &mut Histogram<u64>) -> anyhow::Result<()> {
+    pub fn measure(
+        &mut self,
+        calls: u64,
+        hist: &mut Histogram<u64>,
+        watch: &Stopwatch,
+    ) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait().context("checking the floor peer")? {
             bail!("the floor peer exited ({status})");
         }
@@ -260,6 +267,7 @@ impl Floor {
         for i in 0..WARMUP_ROUND_TRIPS + calls {
             let next = self.seq + 1;
             let start = Instant::now();
+            let mark = watch.mark();
             sh.ping.publish(next);
             let mut spins: u32 = 0;
             while sh.pong.load() != next {
@@ -287,10 +295,10 @@ impl Floor {
                     }
                 }
             }
-            let elapsed = start.elapsed();
+            let ns = watch.elapsed_ns(mark);
             self.seq = next;
             if i >= WARMUP_ROUND_TRIPS {
-                hist.saturating_record(elapsed.as_nanos().try_into().unwrap_or(u64::MAX));
+                hist.saturating_record(ns.max(1));
             }
         }
         Ok(())
@@ -335,7 +343,8 @@ mod tests {
         let mut floor = Floor::start(Path::new("/bin/true"), None).unwrap();
         let start = Instant::now();
         std::thread::sleep(Duration::from_millis(50));
-        let err = floor.measure(10, &mut super::super::report::new_histogram());
+        let watch = super::super::clock::Stopwatch::calibrate();
+        let err = floor.measure(10, &mut super::super::report::new_histogram(), &watch);
         assert!(err.is_err());
         assert!(start.elapsed() < Duration::from_secs(3));
     }

@@ -13,6 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::clock::Stopwatch;
+
 use anyhow::{anyhow, bail, Context as _};
 use hdrhistogram::Histogram;
 use tonic::transport::{Channel, Endpoint, Server};
@@ -267,6 +269,7 @@ impl GrpcHttp2 {
         payload_bytes: usize,
         calls: u64,
         hist: &mut Histogram<u64>,
+        watch: &Stopwatch,
     ) -> anyhow::Result<()> {
         self.buf.resize(payload_bytes, 0xA5);
         let Self {
@@ -275,20 +278,20 @@ impl GrpcHttp2 {
         let buf: &[u8] = buf;
         rt.block_on(async {
             for i in 0..WARMUP_CALLS + calls {
-                let start = Instant::now();
+                let start = watch.mark();
                 let reply = client
                     .echo(EchoRequest {
                         payload: buf.to_vec(),
                     })
                     .await
                     .with_context(|| format!("grpc echo call of {payload_bytes} B"))?;
-                let elapsed = start.elapsed();
+                let elapsed_ns = watch.elapsed_ns(start);
                 let got = reply.get_ref().payload.len();
                 if got != payload_bytes {
                     bail!("grpc echo of {payload_bytes} B returned {got} B");
                 }
                 if i >= WARMUP_CALLS {
-                    hist.saturating_record(elapsed.as_nanos().try_into().unwrap_or(u64::MAX));
+                    hist.saturating_record(elapsed_ns.max(1));
                 }
             }
             Ok(())

@@ -3,6 +3,7 @@
 //! `echo` orchestrates; `grpc_http2` and `floor` are the baseline and the physical limit it is
 //! compared with; `report` formats the figures; `proto` holds the generated protobuf types.
 
+pub mod clock;
 pub mod echo;
 pub mod floor;
 pub mod grpc_http2;
