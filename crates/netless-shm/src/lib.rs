@@ -30,7 +30,7 @@ mod socket_dir;
 pub mod sync;
 
 pub use affinity::{allowed_cpus, available_cpus, pin_current_thread};
-pub use clock::monotonic_ns;
+pub use clock::{instant_to_monotonic_ns, monotonic_ns, monotonic_ns_to_instant};
 pub use error::Error;
 pub use fdpass::{recv_frame, send_frame, MAX_FDS, MAX_FRAME};
 pub use futex::{futex_wait, futex_wake, FutexWait};

@@ -619,12 +619,7 @@ impl Shared {
             &md_bytes
         };
         let pieces = [method.as_bytes(), md_slice, payload];
-        let deadline_ns = deadline.map_or(0, |d| {
-            let left = d.saturating_duration_since(Instant::now());
-            netless_shm::monotonic_ns()
-                .saturating_add(left.as_nanos() as u64)
-                .max(1)
-        });
+        let deadline_ns = deadline.map_or(0, |d| netless_shm::instant_to_monotonic_ns(d).max(1));
         let mut header = WireHeader {
             token: self.token,
             call_id,

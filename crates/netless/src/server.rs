@@ -846,8 +846,8 @@ impl ServerShared {
             (None, false)
         } else {
             let now_ns = netless_shm::monotonic_ns();
-            let left = Duration::from_nanos(h.deadline_ns.saturating_sub(now_ns));
-            (Some(Instant::now() + left), h.deadline_ns <= now_ns)
+            let deadline = netless_shm::monotonic_ns_to_instant(h.deadline_ns);
+            (Some(deadline), h.deadline_ns <= now_ns)
         };
         let mut builder = ResponseBuilder::recycle(
             std::mem::take(&mut response.metadata),
