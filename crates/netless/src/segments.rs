@@ -107,10 +107,10 @@ impl ReplicaSegment {
         if segment.len() < AFTER_DOORBELL {
             return bad("too short");
         }
-        // SAFETY: the segment is at least 64 bytes and page aligned; ReplicaHeader is plain
-        // integers, so any bytes form a valid value; this is the one read of the header.
-        let g: ReplicaHeader =
-            unsafe { std::ptr::read_volatile(segment.as_ptr() as *const ReplicaHeader) };
+        let header = segment.as_ptr() as *const ReplicaHeader;
+        // SAFETY: the segment is page aligned and at least 64 bytes; ReplicaHeader is plain
+        // integers (any bytes are a valid value). This is the one read of the header.
+        let g: ReplicaHeader = unsafe { std::ptr::read_volatile(header) };
         if g.magic != REPLICA_MAGIC {
             return bad("bad magic");
         }

@@ -771,10 +771,10 @@ impl ServerShared {
         }
         let capacity = h.nblocks as usize * replica.block_size() - HEADER_LEN;
         h.validate_shape(self.config.max_message, capacity)?;
+        let (start, len) = (run.wrapping_add(HEADER_LEN), h.frag_len as usize);
         // SAFETY: the run [block, block + nblocks) is inside the mapping (block_run checked it)
         // and frag_len <= capacity, so the fragment lies within the run.
-        let fragment =
-            unsafe { std::slice::from_raw_parts(run.add(HEADER_LEN), h.frag_len as usize) };
+        let fragment = unsafe { std::slice::from_raw_parts(start, len) };
         prefetch_read_range(fragment.as_ptr(), fragment.len(), 64);
         // A plain Release store, not a CAS: the words were validated as OWNED by this
         // connection above, only their owner may change them meanwhile (an honest one does
@@ -923,9 +923,9 @@ impl ServerShared {
         let body_len = md_len + payload.len();
         let mut guard;
         let producer = if self.workers.len() == 1 {
-            // SAFETY: with a single worker, this thread is the only one that ever touches any
-            // connection's producer (the acceptor and shutdown never do), so no lock (and no
-            // locked instruction stalling on this core's pending stores) is needed.
+            // No lock, so no locked instruction stalling on this core's pending stores.
+            // SAFETY: with a single worker, only this thread ever touches a connection's
+            // producer (the acceptor and shutdown never do).
             unsafe { conn.producer.get_unsynchronized() }
         } else {
             guard = conn.producer.lock();
