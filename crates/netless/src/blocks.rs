@@ -13,6 +13,9 @@ use std::sync::Mutex;
 use crate::layout::block_state::{cached, owned, tag_of, FREE};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
+/// Largest run claimed ahead of need.
+const MAX_SPARE_BLOCKS: u32 = 8;
+
 /// The blocks one connection holds, and how to get more.
 pub(crate) struct BlockLease {
     tag: u32,
@@ -110,7 +113,9 @@ impl BlockLease {
             return None;
         }
         let count = self.hot.load(Ordering::Relaxed) as u32;
-        if count == 0 {
+        // Only small runs: a spare holds buffer space other clients could use, and large
+        // messages are bound by copying, not by this claim.
+        if count == 0 || count > MAX_SPARE_BLOCKS {
             return None;
         }
         let Some(start) = self.claim(table, count) else {

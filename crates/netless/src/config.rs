@@ -129,7 +129,7 @@ impl Default for ClientConfig {
             dir: None,
             connect_timeout: Duration::from_secs(5),
             default_timeout: None,
-            block_cache: 32,
+            block_cache: 8,
         }
     }
 }

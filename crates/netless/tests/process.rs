@@ -80,6 +80,40 @@ fn child_process_entry() {
             println!("CLOSED={}", client.is_closed());
             std::io::stdout().flush().unwrap();
         }
+        // Hammer the service from several threads with varied sizes (some fragmented),
+        // checking every reply, until killed or done.
+        "hammer-client" => {
+            let client = Client::connect_with(&service, client_config(&dir)).unwrap();
+            println!("READY");
+            std::io::stdout().flush().unwrap();
+            let threads: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let client = client.clone();
+                    thread::spawn(move || {
+                        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1);
+                        for i in 0..400u64 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let size = match x % 10 {
+                                0 => (x >> 8) as usize % 300_000,
+                                1..=3 => (x >> 8) as usize % 5_000,
+                                _ => (x >> 8) as usize % 200,
+                            };
+                            let payload: Vec<u8> =
+                                (0..size).map(|k| (k as u64 ^ i) as u8).collect();
+                            let method = if x % 2 == 0 { "Echo" } else { "EchoRef" };
+                            let reply = call_retrying(&client, method, &payload);
+                            assert_eq!(reply.payload, payload);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            println!("DONE");
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -560,4 +594,75 @@ fn idle_server_and_client_use_under_one_percent_of_a_core() {
         "idle client used {:?} in {window:?}",
         c1 - c0
     );
+}
+
+/// Calls, retrying NACKs with backoff: under load the shared receive buffer may be full for a
+/// moment, and failing fast with RESOURCE_EXHAUSTED is how the server says so.
+fn call_retrying(client: &Client, method: &str, payload: &[u8]) -> netless::Reply {
+    let mut backoff = Duration::from_micros(100);
+    let started = Instant::now();
+    loop {
+        match client.call(method, payload, &CallOptions::new()) {
+            Err(e)
+                if e.code() == Code::ResourceExhausted
+                    && started.elapsed() < Duration::from_secs(20) =>
+            {
+                thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(20));
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
+#[test]
+fn chaos_many_clients_killed_at_random_leak_nothing() {
+    let dir = TestDir::new("chaos");
+    let server = Server::bind("test.Chaos", server_config(dir.path()), test_handler).unwrap();
+    let total = server.stats().total_blocks;
+    // The readers stay alive so the children can still print.
+    let (mut children, _outputs): (Vec<Child>, Vec<_>) = (0..6)
+        .map(|_| {
+            let mut child = spawn_role(
+                "child_process_entry",
+                "hammer-client",
+                dir.path(),
+                "test.Chaos",
+            );
+            let mut out = BufReader::new(child.stdout.take().unwrap());
+            wait_for_line(&mut out, "READY");
+            (child, out)
+        })
+        .unzip();
+    // Kill half of them at staggered moments while all of them are mid-call.
+    for (k, child) in children.iter_mut().enumerate().filter(|(k, _)| k % 2 == 0) {
+        thread::sleep(Duration::from_millis(40 + 30 * k as u64));
+        sigkill(child);
+    }
+    let honest = connect(&dir, "test.Chaos");
+    for size in [10usize, 3000, 100_000] {
+        let payload = vec![5u8; size];
+        assert_eq!(call_retrying(&honest, "Echo", &payload).payload, payload);
+    }
+    // The survivors finish with every reply correct.
+    for (k, child) in children.iter_mut().enumerate() {
+        let status = child.wait().unwrap();
+        if k % 2 == 1 {
+            assert!(status.success(), "surviving client {k} failed: {status}");
+        }
+    }
+    drop(honest);
+    let start = Instant::now();
+    loop {
+        let stats = server.stats();
+        if stats.connections == 0 && stats.free_blocks == total {
+            assert_eq!(stats.protocol_violations, 0, "{stats:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "leaked: {stats:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
 }
