@@ -102,7 +102,11 @@ fn child_process_entry() {
                             };
                             let payload: Vec<u8> =
                                 (0..size).map(|k| (k as u64 ^ i) as u8).collect();
-                            let method = if x % 2 == 0 { "Echo" } else { "EchoRef" };
+                            let method = if x.is_multiple_of(2) {
+                                "Echo"
+                            } else {
+                                "EchoRef"
+                            };
                             let reply = call_retrying(&client, method, &payload);
                             assert_eq!(reply.payload, payload);
                         }
