@@ -42,12 +42,32 @@ pub fn prefetch_write_range(ptr: *const u8, len: usize, max_lines: usize) {
     }
 }
 
-/// [`prefetch_read`] for each 64-byte line of `[ptr, ptr + len)`, at most `max_lines`.
+/// Starts fetching the cache line holding `ptr` into the L2 cache only (PREFETCHT1), which
+/// does not hold one of the few L1 miss buffers for the whole transfer.
+#[inline(always)]
+pub fn prefetch_read_l2(ptr: *const u8) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: PREFETCHT1 is a hint: it does not fault on any address and does not modify
+    // memory or registers other than the cache.
+    unsafe {
+        std::arch::asm!("prefetcht1 [{}]", in(reg) ptr, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = ptr;
+}
+
+/// Prefetches each 64-byte line of `[ptr, ptr + len)`, at most `max_lines`: the first few
+/// into L1 (they are needed first), the rest into L2, so many more misses are in flight at
+/// once than the L1 miss buffers allow.
 #[inline]
 pub fn prefetch_read_range(ptr: *const u8, len: usize, max_lines: usize) {
     let lines = len.div_ceil(64).min(max_lines);
     for i in 0..lines {
-        prefetch_read(ptr.wrapping_add(i * 64));
+        if i < 8 {
+            prefetch_read(ptr.wrapping_add(i * 64));
+        } else {
+            prefetch_read_l2(ptr.wrapping_add(i * 64));
+        }
     }
 }
 
