@@ -26,7 +26,7 @@ use crate::cmd::echo_server::PROTO_METHOD;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Measured calls per row (transport × payload).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 50_000)]
     pub calls: u64,
     /// Interleaving rounds: each row measures calls/rounds calls per round.
     #[arg(long, default_value_t = 10)]
