@@ -36,6 +36,26 @@ fn child_process_entry() {
             let _ = std::io::stdin().read_to_end(&mut sink);
             drop(server);
         }
+        // A server with `workers` and wait `mode` from the role name: server-<workers>-<mode>.
+        configured if configured.starts_with("server-") => {
+            let mut parts = configured.split('-').skip(1);
+            let workers: usize = parts.next().unwrap().parse().unwrap();
+            let mode: netless::WaitMode = parts.next().unwrap().parse().unwrap();
+            let wait = netless::WaitPolicy {
+                mode,
+                spin: Duration::from_micros(5),
+            };
+            let config = netless::ServerConfig {
+                workers,
+                wait,
+                ..server_config(&dir)
+            };
+            let _server = Server::bind(&service, config, test_handler).unwrap();
+            println!("READY");
+            std::io::stdout().flush().unwrap();
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+        }
         // Connect, make calls, then keep a slow call in flight until killed.
         "doomed-client" => {
             let client = Client::connect_with(&service, client_config(&dir)).unwrap();
@@ -668,5 +688,44 @@ fn chaos_many_clients_killed_at_random_leak_nothing() {
             "leaked: {stats:?}"
         );
         thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn single_worker_and_pure_futex_modes_serve_concurrent_callers() {
+    // One worker takes the single-consumer, lock-free path; futex mode sleeps at once, so
+    // every call crosses processes through the doorbell's futex wake-up.
+    for (workers, mode) in [(1, "adaptive"), (1, "futex"), (2, "futex"), (1, "spin")] {
+        let dir = TestDir::new("modes");
+        let _server = Peer::start(&format!("server-{workers}-{mode}"), &dir, "test.Modes");
+        let wait = netless::WaitPolicy {
+            mode: mode.parse().unwrap(),
+            spin: Duration::from_micros(5),
+        };
+        let client = Client::connect_with(
+            "test.Modes",
+            netless::ClientConfig {
+                wait,
+                ..client_config(dir.path())
+            },
+        )
+        .unwrap();
+        let threads: Vec<_> = (0..4u32)
+            .map(|t| {
+                let client = client.clone();
+                let mode = mode.to_string();
+                thread::spawn(move || {
+                    for i in 0..150u32 {
+                        let payload = vec![(t * 7 + i) as u8; ((t * 311 + i * 97) % 5000) as usize];
+                        let method = if i % 2 == 0 { "Echo" } else { "EchoRef" };
+                        let reply = client.call(method, &payload, &CallOptions::new()).unwrap();
+                        assert_eq!(reply.payload, payload, "{workers} worker(s), {mode}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
     }
 }
