@@ -1,0 +1,28 @@
+//! tonic on netless: the gRPC path, metadata, the length-prefixed message bytes and the
+//! trailers travel in netless messages, so a call never runs HTTP/2 framing or touches a
+//! socket.
+//!
+//! A tonic-generated client accepts a netless [`Channel`] unchanged, and a
+//! [`GrpcServer`] serves tonic-generated services unchanged, each `pkg.Service` as the
+//! netless service of that name.
+//!
+//! This crate is the first slice of the gRPC adapters: unary calls (and client-streaming
+//! calls whose request stream fits in one message); server and bidirectional streaming,
+//! cancellation and flow control come next.
+//!
+//! ```no_run
+//! # mod pb { pub mod greeter_client { pub struct GreeterClient<T>(T); impl<T> GreeterClient<T> { pub fn new(t: T) -> Self { GreeterClient(t) } } } }
+//! use netless_grpc::Channel;
+//! let channel = Channel::connect("helloworld.Greeter")?;
+//! let client = pb::greeter_client::GreeterClient::new(channel);
+//! # Ok::<(), netless::Status>(())
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod channel;
+mod mapping;
+mod server;
+
+pub use channel::Channel;
+pub use server::GrpcServer;
