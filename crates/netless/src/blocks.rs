@@ -87,6 +87,11 @@ impl BlockLease {
     }
 
     fn claim_locked(&self, state: &mut LeaseState, table: &[AtomicU32], count: u32) -> Option<u32> {
+        // Every slow-path claim also trims: idle blocks beyond the cache limit go back to
+        // the shared buffer, whichever path found this run.
+        if state.blocks.len() > self.cache_limit {
+            self.trim(state, table);
+        }
         if let Some(start) = self.reuse(state, table, count) {
             return Some(start);
         }

@@ -41,6 +41,17 @@ const MAX_SLEEP: Duration = Duration::from_millis(50);
 /// How long sending the later fragments of a large request may wait for buffer space.
 const FRAGMENT_SPACE_WAIT: Duration = Duration::from_secs(2);
 
+/// A slot word: `generation << 32 | state`.
+fn pack(generation: u32, state: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(state)
+}
+fn state_of(word: u64) -> u32 {
+    word as u32
+}
+fn generation_of(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
 const IDLE: u32 = 0;
 const WAITING: u32 = 1;
 const DELIVERING: u32 = 2;
@@ -68,12 +79,15 @@ struct Handle {
 }
 
 struct CallSlot {
-    state: AtomicU32,
-    generation: AtomicU32,
+    /// `generation << 32 | state` in one word, so every transition names the call it is
+    /// for: a reply for an abandoned call can never land in the slot's next call.
+    state: AtomicU64,
     outcome: Mutex<Option<Result<Reply, Status>>>,
     partial: Mutex<(Vec<u8>, usize)>,
     waker: Mutex<Option<Waker>>,
     thread: Mutex<Option<Thread>>,
+    /// Set while `thread` holds a registration, so freeing the slot only locks when needed.
+    has_thread: AtomicBool,
     is_async: AtomicBool,
     deadline: Mutex<Option<Instant>>,
 }
@@ -81,12 +95,12 @@ struct CallSlot {
 impl CallSlot {
     fn new() -> CallSlot {
         CallSlot {
-            state: AtomicU32::new(IDLE),
-            generation: AtomicU32::new(0),
+            state: AtomicU64::new(u64::from(IDLE)),
             outcome: Mutex::new(None),
             partial: Mutex::new((Vec::new(), 0)),
             waker: Mutex::new(None),
             thread: Mutex::new(None),
+            has_thread: AtomicBool::new(false),
             is_async: AtomicBool::new(false),
             deadline: Mutex::new(None),
         }
@@ -478,7 +492,7 @@ impl Shared {
 
     fn wake_everyone(&self) {
         for slot in self.slots.iter() {
-            if slot.state.load(Ordering::Acquire) != IDLE {
+            if state_of(slot.state.load(Ordering::Acquire)) != IDLE {
                 if let Some(t) = lock(&slot.thread).as_ref() {
                     t.unpark();
                 }
@@ -558,8 +572,15 @@ impl Shared {
         // Every path that completes a call takes its outcome first, so there is nothing to
         // clear here (and no lock on the hot path).
         let slot = &self.slots[index];
+        // Only the slot's owner registers a thread, and the owner frees it: a plain load
+        // keeps the common case free of locked instructions.
+        if slot.has_thread.load(Ordering::Relaxed) && slot.has_thread.swap(false, Ordering::AcqRel)
+        {
+            *lock(&slot.thread) = None;
+        }
         slot.is_async.store(false, Ordering::Relaxed);
-        slot.state.store(IDLE, Ordering::Release);
+        let generation = generation_of(slot.state.load(Ordering::Relaxed));
+        slot.state.store(pack(generation, IDLE), Ordering::Release);
         self.free[index / 64].fetch_or(1 << (index % 64), Ordering::Release);
     }
 
@@ -599,15 +620,15 @@ impl Shared {
         })?;
         let slot = &self.slots[index];
         // The slot is ours alone until it is freed, so a plain load and store suffice.
-        let generation = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
-        slot.generation.store(generation, Ordering::Relaxed);
+        let generation = generation_of(slot.state.load(Ordering::Relaxed)).wrapping_add(1);
         let call_id = (u64::from(generation) << 32) | index as u64;
         slot.is_async.store(is_async, Ordering::Relaxed);
         if is_async {
             // Only the reaper reads deadlines (blocking callers keep theirs on the stack).
             *lock(&slot.deadline) = deadline;
         }
-        slot.state.store(WAITING, Ordering::Release);
+        slot.state
+            .store(pack(generation, WAITING), Ordering::Release);
 
         let md_bytes;
         let md_slice: &[u8] = if md_len == 0 {
@@ -776,7 +797,7 @@ impl Shared {
         let slot = &self.slots[index];
         let mut registered = false;
         let result = loop {
-            if slot.state.load(Ordering::Acquire) == DONE {
+            if state_of(slot.state.load(Ordering::Acquire)) == DONE {
                 break self.take_outcome(index, out);
             }
             if self.dead.load(Ordering::Acquire) {
@@ -794,7 +815,7 @@ impl Shared {
                         Ok(Mine::NotYet) => {}
                         Err(status) => break Ended::Corrupt(status),
                     }
-                    if slot.state.load(Ordering::Acquire) == DONE
+                    if state_of(slot.state.load(Ordering::Acquire)) == DONE
                         || self.dead.load(Ordering::Acquire)
                     {
                         break Ended::Elsewhere;
@@ -814,7 +835,7 @@ impl Shared {
                         || {
                             (consumer.has_next()
                                 || self.dead.load(Ordering::Acquire)
-                                || slot.state.load(Ordering::Acquire) == DONE)
+                                || state_of(slot.state.load(Ordering::Acquire)) == DONE)
                                 .then_some(())
                         },
                     );
@@ -840,11 +861,12 @@ impl Shared {
             } else {
                 if !registered {
                     *lock(&slot.thread) = Some(thread::current());
+                    slot.has_thread.store(true, Ordering::Release);
                     self.parked.fetch_add(1, Ordering::AcqRel);
                     registered = true;
                 }
                 // Re-check after registering so a delivery in between is not missed.
-                if slot.state.load(Ordering::Acquire) == DONE {
+                if state_of(slot.state.load(Ordering::Acquire)) == DONE {
                     continue;
                 }
                 let mut nap = Duration::from_millis(1);
@@ -860,8 +882,9 @@ impl Shared {
                 thread::park_timeout(nap);
             }
         };
+        // The slot (and its thread registration) was cleared when it was freed, before
+        // anyone else could allocate it.
         if registered {
-            *lock(&slot.thread) = None;
             self.parked.fetch_sub(1, Ordering::AcqRel);
         }
         result
@@ -871,7 +894,7 @@ impl Shared {
     fn after_consumer_release(&self) {
         if self.parked.load(Ordering::Acquire) > 0 {
             for slot in self.slots.iter() {
-                if slot.state.load(Ordering::Acquire) == WAITING {
+                if state_of(slot.state.load(Ordering::Acquire)) == WAITING {
                     if let Some(t) = lock(&slot.thread).as_ref() {
                         t.unpark();
                     }
@@ -888,16 +911,25 @@ impl Shared {
     /// Gives up on a call. If its outcome is being delivered right now, returns it instead.
     fn abandon(&self, index: usize, out: &mut Vec<u8>) -> Option<Result<Metadata, Status>> {
         let slot = &self.slots[index];
-        if slot
-            .state
-            .compare_exchange(WAITING, IDLE, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        // Only the call's owner abandons it, so the generation in the word is its own.
+        let word = slot.state.load(Ordering::Acquire);
+        let generation = generation_of(word);
+        if state_of(word) == WAITING
+            && slot
+                .state
+                .compare_exchange(
+                    word,
+                    pack(generation, IDLE),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
         {
             lock(&slot.partial).0 = Vec::new();
             self.free_slot(index);
             return None;
         }
-        while slot.state.load(Ordering::Acquire) == DELIVERING {
+        while state_of(slot.state.load(Ordering::Acquire)) == DELIVERING {
             std::hint::spin_loop();
         }
         Some(self.take_outcome(index, out))
@@ -922,17 +954,22 @@ impl Shared {
         outcome.unwrap_or_else(|| Err(Status::internal("call completed without an outcome")))
     }
 
-    fn deliver(&self, index: usize, outcome: Result<Reply, Status>) {
+    fn deliver(&self, index: usize, generation: u32, outcome: Result<Reply, Status>) {
         let slot = &self.slots[index];
         if slot
             .state
-            .compare_exchange(WAITING, DELIVERING, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(
+                pack(generation, WAITING),
+                pack(generation, DELIVERING),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
             .is_err()
         {
-            return; // abandoned meanwhile
+            return; // abandoned meanwhile (and perhaps reused by a newer call)
         }
         *lock(&slot.outcome) = Some(outcome);
-        slot.state.store(DONE, Ordering::Release);
+        slot.state.store(pack(generation, DONE), Ordering::Release);
         if let Some(t) = lock(&slot.thread).as_ref() {
             t.unpark();
         }
@@ -978,10 +1015,10 @@ impl Shared {
             let fragment = &body[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + h.frag_len as usize];
             let index = (h.call_id & 0xffff_ffff) as usize;
             let generation = (h.call_id >> 32) as u32;
-            let live = self.slots.get(index).is_some_and(|s| {
-                s.generation.load(Ordering::Relaxed) == generation
-                    && s.state.load(Ordering::Acquire) == WAITING
-            });
+            let live = self
+                .slots
+                .get(index)
+                .is_some_and(|s| s.state.load(Ordering::Acquire) == pack(generation, WAITING));
             if !live {
                 record.release();
                 continue; // a reply to an abandoned call
@@ -999,7 +1036,7 @@ impl Shared {
                 let result = decode_body(&h, code, fragment, &mut payload)
                     .map(|metadata| Reply { metadata, payload });
                 record.release();
-                self.deliver(index, result);
+                self.deliver(index, generation, result);
                 continue;
             }
             // A fragment: collect it; decode once the body is complete.
@@ -1024,7 +1061,11 @@ impl Shared {
                         return Ok(Mine::Done(result));
                     }
                 }
-                self.deliver(index, result.map(|metadata| Reply { metadata, payload }));
+                self.deliver(
+                    index,
+                    generation,
+                    result.map(|metadata| Reply { metadata, payload }),
+                );
             }
         }
     }
@@ -1041,7 +1082,9 @@ impl Shared {
                 continue;
             }
             let Some(mut consumer) = self.consumer.try_lock() else {
-                // A blocking caller holds the ring; it unparks us when it lets go.
+                // A blocking caller holds the ring (and may for long): async deadlines are
+                // still ours to enforce. It unparks us when it lets go.
+                self.expire_async();
                 thread::park_timeout(Duration::from_millis(1));
                 continue;
             };
@@ -1078,11 +1121,12 @@ impl Shared {
     fn expire_async(&self) {
         let now = Instant::now();
         for (index, slot) in self.slots.iter().enumerate() {
-            if slot.state.load(Ordering::Acquire) == WAITING
+            let word = slot.state.load(Ordering::Acquire);
+            if state_of(word) == WAITING
                 && slot.is_async.load(Ordering::Relaxed)
                 && lock(&slot.deadline).is_some_and(|d| d <= now)
             {
-                self.deliver(index, Err(deadline_status()));
+                self.deliver(index, generation_of(word), Err(deadline_status()));
             }
         }
     }
@@ -1106,9 +1150,10 @@ fn decode_body(
         out.extend_from_slice(rest);
         Ok(metadata)
     } else {
+        // Copy before decoding: the ring is memory the server can still write.
         Err(Status::new(
             code,
-            String::from_utf8_lossy(rest).into_owned(),
+            String::from_utf8_lossy(&Vec::from(rest)).into_owned(),
         ))
     }
 }
@@ -1216,7 +1261,7 @@ impl Future for CallFuture {
                     this.state = AsyncState::Finished;
                     Poll::Ready(result)
                 };
-                if slot.state.load(Ordering::Acquire) == DONE {
+                if state_of(slot.state.load(Ordering::Acquire)) == DONE {
                     return finish(this, shared.take_reply(index));
                 }
                 if let Some(mut consumer) = shared.consumer.try_lock() {
@@ -1228,7 +1273,7 @@ impl Future for CallFuture {
                     }
                 }
                 *lock(&slot.waker) = Some(cx.waker().clone());
-                if slot.state.load(Ordering::Acquire) == DONE {
+                if state_of(slot.state.load(Ordering::Acquire)) == DONE {
                     return finish(this, shared.take_reply(index));
                 }
                 let expired = this.deadline.is_some_and(|d| Instant::now() >= d);

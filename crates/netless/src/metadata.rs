@@ -98,14 +98,15 @@ impl Metadata {
             if key_len == 0 || bytes.len() < key_len || bytes.len() - key_len < value_len {
                 return Err(bad());
             }
-            let key = std::str::from_utf8(&bytes[..key_len]).map_err(|_| bad())?;
+            // Copy first, then validate the copy: the bytes may live in memory a peer can
+            // still change under us.
+            let mut key = String::from_utf8(bytes[..key_len].to_vec()).map_err(|_| bad())?;
             if !key.is_ascii() {
                 return Err(bad());
             }
-            md.entries.push((
-                key.to_ascii_lowercase(),
-                bytes[key_len..key_len + value_len].to_vec(),
-            ));
+            key.make_ascii_lowercase();
+            md.entries
+                .push((key, bytes[key_len..key_len + value_len].to_vec()));
             bytes = &bytes[key_len + value_len..];
         }
         Ok(md)

@@ -174,13 +174,20 @@ struct Conn {
 struct Scratch {
     metadata: Metadata,
     payload: Vec<u8>,
+    method: Vec<u8>,
 }
 
 /// A fragmented request being reassembled.
 struct Partial {
     body: Vec<u8>,
     received: usize,
+    /// When the first fragment arrived: a request left half-sent (its client gave up) is
+    /// dropped after `PARTIAL_TTL`.
+    started: Instant,
 }
+
+/// How long a half-received fragmented request is kept.
+const PARTIAL_TTL: Duration = Duration::from_secs(10);
 
 /// Most fragmented requests one connection may have half-sent at once.
 const MAX_PARTIALS: usize = 16;
@@ -458,8 +465,17 @@ impl ServerShared {
                 }
                 live.remove(&conn.socket.as_raw_fd());
                 self.retire(&conn);
+                // The tail is written by clients: never believe it more than a lap ahead.
+                let head = self.head.position();
+                let lap = u64::from(self.replica.queue().capacity());
+                let tail = self.replica.queue().tail_hint();
+                let tail_at_death = if tail.wrapping_sub(head) <= lap {
+                    tail
+                } else {
+                    head + lap
+                };
                 dying.push(Dying {
-                    tail_at_death: self.replica.queue().tail_hint(),
+                    tail_at_death,
                     since: Instant::now(),
                     conn,
                 });
@@ -599,6 +615,9 @@ impl ServerShared {
     /// Frees a retired connection's blocks once no worker can be touching its requests.
     fn try_reclaim(&self, d: &Dying) -> bool {
         let drained = self.head.position().wrapping_sub(d.tail_at_death) as i64 >= 0;
+        // Pairs with the workers' Release stores of the head: what they did before moving it
+        // (marking themselves BUSY) is visible to the checks below.
+        std::sync::atomic::fence(Ordering::Acquire);
         if !(drained
             && self.workers.iter().all(|w| {
                 let serving = w.serving.load(Ordering::Acquire);
@@ -792,13 +811,30 @@ impl ServerShared {
         // A fragment: copy it out, free its blocks at once, dispatch when complete.
         let complete = {
             let mut partials = lock(&conn.partials);
-            if !partials.contains_key(&h.call_id) && partials.len() >= MAX_PARTIALS {
-                release();
-                return Err("too many fragmented requests in progress");
+            if !partials.contains_key(&h.call_id) {
+                partials.retain(|_, p| p.started.elapsed() < PARTIAL_TTL);
+                if partials.len() >= MAX_PARTIALS {
+                    // A NACK for this call, not a protocol violation: an honest client with
+                    // many threads can get here.
+                    drop(partials);
+                    release();
+                    return self
+                        .respond(
+                            conn,
+                            h.call_id,
+                            Code::ResourceExhausted,
+                            &Metadata::new(),
+                            format!(
+                                "more than {MAX_PARTIALS} large requests in progress on this connection: retry, or use more connections"
+                            )
+                            .as_bytes(),
+                        );
+                }
             }
             let p = partials.entry(h.call_id).or_insert_with(|| Partial {
                 body: vec![0; h.body_len as usize],
                 received: 0,
+                started: Instant::now(),
             });
             if p.body.len() != h.body_len as usize {
                 release();
@@ -833,11 +869,21 @@ impl ServerShared {
     ) -> Result<(), &'static str> {
         let method_end = h.method_len as usize;
         let md_end = method_end + h.metadata_len as usize;
-        let Ok(method) = std::str::from_utf8(&body[..method_end]) else {
-            done_with_body();
-            return Err("method name is not UTF-8");
+        // The method name is copied out of the shared buffer before it is validated, so the
+        // `&str` the handler sees cannot change under it.
+        let mut method_bytes = std::mem::take(&mut response.method);
+        method_bytes.clear();
+        method_bytes.extend_from_slice(&body[..method_end]);
+        let method = match String::from_utf8(method_bytes) {
+            Ok(method) => method,
+            Err(e) => {
+                response.method = e.into_bytes();
+                done_with_body();
+                return Err("method name is not UTF-8");
+            }
         };
         let Ok(metadata) = Metadata::decode(&body[method_end..md_end]) else {
+            response.method = method.into_bytes();
             done_with_body();
             return Err("malformed request metadata");
         };
@@ -863,12 +909,21 @@ impl ServerShared {
             let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
             prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
             let request = Request {
-                method,
+                method: &method,
                 metadata,
                 payload: &body[md_end..],
                 deadline,
             };
-            self.handler.call(&request, &mut builder)
+            // A panicking handler fails its call, not the worker (which would otherwise die
+            // holding this connection's `serving` mark).
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.handler.call(&request, &mut builder)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Status::internal(format!(
+                    "the handler of `{method}` panicked; see the server's log"
+                )))
+            })
         };
         WorkerSlot::count(&me.requests);
         let sent = match result {
@@ -896,6 +951,7 @@ impl ServerShared {
         prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
         response.metadata = builder.metadata;
         response.payload = builder.payload;
+        response.method = method.into_bytes();
         sent.inspect_err(|why| {
             tracing::debug!("dropping connection {}: {why}", conn.index);
         })

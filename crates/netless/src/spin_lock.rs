@@ -57,7 +57,7 @@ impl<T> SpinLock<T> {
                 return guard;
             }
             while self.locked.load(Ordering::Relaxed) {
-                spins += 1;
+                spins = spins.saturating_add(1);
                 if spins < 128 {
                     std::hint::spin_loop();
                 } else {
