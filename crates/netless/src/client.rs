@@ -129,6 +129,9 @@ pub(crate) struct Shared {
     death: Mutex<Option<Status>>,
     parked: AtomicU32,
     async_waiters: AtomicU32,
+    /// Calls given up on whose replies have not arrived yet: the reaper drains the ring for
+    /// them, so late replies never fill it up while nobody else is waiting.
+    abandoned: AtomicU32,
     stopping: AtomicBool,
     reaper_thread: Mutex<Option<Thread>>,
     socket: UnixStream,
@@ -276,6 +279,7 @@ impl Client {
             death: Mutex::new(None),
             parked: AtomicU32::new(0),
             async_waiters: AtomicU32::new(0),
+            abandoned: AtomicU32::new(0),
             stopping: AtomicBool::new(false),
             reaper_thread: Mutex::new(None),
             config,
@@ -353,7 +357,12 @@ impl Client {
         });
         let (index, call_id) =
             shared.submit(method, options.request_metadata(), payload, deadline, false)?;
-        shared.wait_blocking(index, call_id, deadline, out)
+        let result = shared.wait_blocking(index, call_id, deadline, out);
+        if shared.abandoned.load(Ordering::Relaxed) > 0 {
+            // Someone gave up on a call: make sure its late reply gets drained.
+            self.ensure_reaper();
+        }
+        result
     }
 
     /// Calls `method` asynchronously. The future never blocks the executor thread: responses
@@ -927,6 +936,7 @@ impl Shared {
         {
             lock(&slot.partial).0 = Vec::new();
             self.free_slot(index);
+            self.abandoned.fetch_add(1, Ordering::AcqRel);
             return None;
         }
         while state_of(slot.state.load(Ordering::Acquire)) == DELIVERING {
@@ -1020,8 +1030,17 @@ impl Shared {
                 .get(index)
                 .is_some_and(|s| s.state.load(Ordering::Acquire) == pack(generation, WAITING));
             if !live {
+                // A reply to an abandoned call: once its last fragment is in, one fewer to
+                // wait for.
+                let last =
+                    u64::from(h.frag_offset) + u64::from(h.frag_len) >= u64::from(h.body_len);
                 record.release();
-                continue; // a reply to an abandoned call
+                if last {
+                    let _ = self
+                        .abandoned
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+                }
+                continue;
             }
             let whole = h.frag_len == h.body_len;
             if whole {
@@ -1077,7 +1096,9 @@ impl Shared {
             ..self.config.wait
         };
         while !self.stopping.load(Ordering::Acquire) {
-            if self.async_waiters.load(Ordering::Acquire) == 0 {
+            if self.async_waiters.load(Ordering::Acquire) == 0
+                && self.abandoned.load(Ordering::Acquire) == 0
+            {
                 thread::park_timeout(Duration::from_millis(100));
                 continue;
             }
@@ -1109,7 +1130,8 @@ impl Shared {
                     (consumer.has_next()
                         || self.dead.load(Ordering::Acquire)
                         || self.stopping.load(Ordering::Acquire)
-                        || self.async_waiters.load(Ordering::Acquire) == 0)
+                        || (self.async_waiters.load(Ordering::Acquire) == 0
+                            && self.abandoned.load(Ordering::Acquire) == 0))
                         .then_some(())
                 },
             );

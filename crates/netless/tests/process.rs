@@ -729,3 +729,23 @@ fn single_worker_and_pure_futex_modes_serve_concurrent_callers() {
         }
     }
 }
+
+#[test]
+fn abandoned_calls_with_large_replies_do_not_clog_the_connection() {
+    // A caller gives up on calls whose multi-megabyte replies then arrive while nobody is
+    // calling: they must be drained, or the single worker stalls on the full ring and, after
+    // its stall limit (2 s), closes this honest connection.
+    let dir = TestDir::new("abandon");
+    let _server = Peer::start("server-1-adaptive", &dir, "test.Abandon");
+    let client = connect(&dir, "test.Abandon");
+    let hurry = CallOptions::new().timeout(Duration::from_millis(1));
+    for _ in 0..3 {
+        let _ = client.call("Big", &3_000_000u64.to_le_bytes(), &hurry);
+    }
+    thread::sleep(Duration::from_millis(2600));
+    assert!(!client.is_closed(), "the server closed the connection");
+    let reply = client
+        .call("Echo", b"still here", &CallOptions::new())
+        .unwrap();
+    assert_eq!(reply.payload, b"still here");
+}
