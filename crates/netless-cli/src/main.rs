@@ -34,6 +34,8 @@ enum Command {
 enum BenchCommand {
     /// NotNets Table 1: gRPC over HTTP/2 vs netless (protobuf and raw) vs the shared-memory floor.
     Echo(bench::echo::Args),
+    /// The same tonic client over TCP/HTTP2 and over the netless Channel.
+    Grpc(bench::grpc::Args),
 }
 
 #[derive(Subcommand, Debug)]
@@ -42,6 +44,11 @@ enum PeerCommand {
     GrpcServer {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
+        #[arg(long)]
+        pin_cpu: Option<usize>,
+    },
+    /// The echo service served by netless_grpc::GrpcServer.
+    GrpcNetless {
         #[arg(long)]
         pin_cpu: Option<usize>,
     },
@@ -60,6 +67,10 @@ fn main() -> ExitCode {
         Command::EchoServer(args) => cmd::echo_server::run(args),
         Command::Ping(args) => cmd::ping::run(args),
         Command::Bench(BenchCommand::Echo(args)) => bench::echo::run(args),
+        Command::Bench(BenchCommand::Grpc(args)) => bench::grpc::run(args),
+        Command::BenchPeer(PeerCommand::GrpcNetless { pin_cpu }) => {
+            bench::grpc::serve_netless(pin_cpu).map(|()| ExitCode::SUCCESS)
+        }
         Command::BenchPeer(PeerCommand::GrpcServer { listen, pin_cpu }) => {
             bench::grpc_http2::serve(&listen, pin_cpu).map(|()| ExitCode::SUCCESS)
         }

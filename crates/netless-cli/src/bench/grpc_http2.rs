@@ -51,6 +51,11 @@ fn pin(cpu: usize) -> anyhow::Result<()> {
 /// `pin_cpu` if given), binds `listen` (e.g. `127.0.0.1:0`), prints exactly one line
 /// `LISTENING <ip:port>` to stdout once bound, and serves the Echo service until stdin
 /// reaches EOF (the parent closed it or died), SIGTERM or SIGINT; then returns `Ok(())`.
+/// The echo service, for other transports to serve too.
+pub fn echo_service() -> EchoServer<impl Echo> {
+    EchoServer::new(EchoService)
+}
+
 pub fn serve(listen: &str, pin_cpu: Option<usize>) -> anyhow::Result<()> {
     let listen: SocketAddr = listen
         .parse()
@@ -161,6 +166,12 @@ impl std::fmt::Debug for GrpcHttp2 {
 }
 
 impl GrpcHttp2 {
+    /// The server's address, for clients of other runtimes (a tonic channel belongs to the
+    /// runtime it was created on: its connection task runs there).
+    pub fn address(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// Spawns `<exe> bench-peer grpc-server --listen 127.0.0.1:0 [--pin-cpu N]`, waits (up to
     /// [`STARTUP_TIMEOUT`]) for its `LISTENING` line and connects a tonic client to it
     /// (`http://ip:port`, `TCP_NODELAY`).

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod echo;
 pub mod floor;
+pub mod grpc;
 pub mod grpc_http2;
 pub mod proto;
 pub mod report;

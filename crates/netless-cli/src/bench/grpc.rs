@@ -1,0 +1,241 @@
+//! `netless bench grpc`: the same tonic client code over (a) tonic's own HTTP/2 channel on
+//! TCP loopback and (b) the netless `Channel`, against the same echo service in another
+//! process (plain tonic server, or `netless_grpc::GrpcServer`). Sequential latency, then
+//! throughput with many calls in flight.
+//!
+//! Row (c) of issue 3, a TCP client through the gateway, needs the gateway, which is not
+//! built yet.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use hdrhistogram::Histogram;
+
+use super::clock::Stopwatch;
+use super::grpc_http2::GrpcHttp2;
+use super::proto::{EchoClient, EchoRequest};
+use super::report::{self, Row};
+
+/// The netless service name the echo service is served under (its gRPC `pkg.Service`).
+const SERVICE: &str = "netless.bench.Echo";
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Measured sequential calls per row.
+    #[arg(long, default_value_t = 20_000)]
+    pub calls: u64,
+    /// Calls in flight for the throughput runs.
+    #[arg(long, default_value_t = 32)]
+    pub in_flight: u64,
+    /// Calls per throughput run.
+    #[arg(long, default_value_t = 50_000)]
+    pub throughput_calls: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// A `GrpcServer` serving the echo service over netless, in its own process.
+pub fn serve_netless(pin_cpu: Option<usize>) -> anyhow::Result<()> {
+    if let Some(cpu) = pin_cpu {
+        netless_shm::pin_current_thread(cpu)?;
+    }
+    let config = netless::ServerConfig {
+        pin_cpus: pin_cpu.into_iter().collect(),
+        ..Default::default()
+    };
+    let _servers = netless_grpc::GrpcServer::new()
+        .config(config)
+        .add_service(super::grpc_http2::echo_service())
+        .serve()?;
+    println!("LISTENING {SERVICE}");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+    Ok(())
+}
+
+struct Peer(Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn sequential<T>(
+    client: &mut EchoClient<T>,
+    payload: &[u8],
+    calls: u64,
+    hist: &mut Histogram<u64>,
+    watch: &Stopwatch,
+) -> anyhow::Result<()>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    for _ in 0..calls {
+        let start = watch.mark();
+        let reply = client
+            .echo(EchoRequest {
+                payload: payload.to_vec(),
+            })
+            .await?;
+        let ns = watch.elapsed_ns(start);
+        if reply.get_ref().payload.len() != payload.len() {
+            bail!(
+                "echo returned {} bytes for {}",
+                reply.get_ref().payload.len(),
+                payload.len()
+            );
+        }
+        hist.saturating_record(ns.max(1));
+    }
+    Ok(())
+}
+
+async fn throughput<T>(
+    client: EchoClient<T>,
+    payload: &[u8],
+    calls: u64,
+    in_flight: u64,
+) -> anyhow::Result<f64>
+where
+    T: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + 'static,
+    T::Future: Send,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let per_task = calls.div_ceil(in_flight);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..in_flight)
+        .map(|_| {
+            let mut client = client.clone();
+            let payload = payload.to_vec();
+            tokio::spawn(async move {
+                for _ in 0..per_task {
+                    client
+                        .echo(EchoRequest {
+                            payload: payload.clone(),
+                        })
+                        .await?;
+                }
+                Ok::<_, tonic::Status>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok((per_task * in_flight) as f64 / started.elapsed().as_secs_f64())
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.calls == 0 || args.in_flight == 0 || args.throughput_calls == 0 {
+        bail!("--calls, --in-flight and --throughput-calls must be positive");
+    }
+    let exe = crate::self_exe()?;
+    let allowed = netless_shm::allowed_cpus();
+    let (client_cpu, peer_cpu) = match allowed.as_slice() {
+        [a, b, ..] => (Some(*a), Some(*b)),
+        _ => (None, None),
+    };
+    let tcp = GrpcHttp2::start(&exe, peer_cpu)?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(["bench-peer", "grpc-netless"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    if let Some(cpu) = peer_cpu {
+        cmd.args(["--pin-cpu", &cpu.to_string()]);
+    }
+    let mut child = cmd.spawn().context("spawning the netless gRPC server")?;
+    let stdout = child.stdout.take().context("peer stdout")?;
+    let _peer = Peer(child);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+    if !line.starts_with("LISTENING") {
+        bail!("the netless gRPC server did not start: {line:?}");
+    }
+    let channel = netless_grpc::Channel::connect(SERVICE)?;
+    let mut netless_client = EchoClient::new(channel);
+    if let Some(cpu) = client_cpu {
+        netless_shm::pin_current_thread(cpu)?;
+    }
+    let watch = Stopwatch::calibrate();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // Created on this runtime: a tonic channel's connection task runs where it was made.
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", tcp.address()))?
+        .tcp_nodelay(true);
+    let mut tcp_client = EchoClient::new(rt.block_on(endpoint.connect())?);
+    let transports = ["tonic-tcp", "tonic-netless"];
+    let payloads = [64usize, 4096];
+    let mut rows = Vec::new();
+    let mut json_rows = Vec::new();
+    rt.block_on(async {
+        for &size in &payloads {
+            let payload = vec![0x5au8; size];
+            let mut hists = [report::new_histogram(), report::new_histogram()];
+            // Warm up both, then interleave ten rounds.
+            sequential(&mut tcp_client, &payload, 500, &mut report::new_histogram(), &watch).await?;
+            sequential(&mut netless_client, &payload, 2000, &mut report::new_histogram(), &watch).await?;
+            let per_round = args.calls.div_ceil(10);
+            for _ in 0..10 {
+                sequential(&mut tcp_client, &payload, per_round, &mut hists[0], &watch).await?;
+                sequential(&mut netless_client, &payload, per_round, &mut hists[1], &watch).await?;
+            }
+            let tcp_rate = throughput(tcp_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
+            let shm_rate =
+                throughput(netless_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
+            for (t, (hist, rate)) in hists.iter().zip([tcp_rate, shm_rate]).enumerate() {
+                let row = Row::from_histogram(transports[t], size, hist);
+                json_rows.push(serde_json::json!({
+                    "transport": row.transport, "payload_bytes": row.payload_bytes, "calls": row.calls,
+                    "avg_us": row.avg_us, "p50_us": row.p50_us, "p99_us": row.p99_us, "p999_us": row.p999_us,
+                    "throughput_calls_per_s": rate, "in_flight": args.in_flight,
+                }));
+                rows.push((row, rate));
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let plain: Vec<Row> = rows.iter().map(|(r, _)| r.clone()).collect();
+    report::print_table(
+        "netless bench grpc: the same tonic client, sequential calls, server in another process",
+        &plain,
+        "tonic-tcp",
+    );
+    println!();
+    println!("throughput with {} calls in flight:", args.in_flight);
+    for pair in rows.chunks(2) {
+        let (tcp_row, tcp_rate) = &pair[0];
+        let (_, shm_rate) = &pair[1];
+        println!(
+            "  {:>5} B  tonic-tcp {:>9.0} calls/s   tonic-netless {:>9.0} calls/s   ({:.1}×)",
+            tcp_row.payload_bytes,
+            tcp_rate,
+            shm_rate,
+            shm_rate / tcp_rate
+        );
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({ "experiment": "grpc", "rows": json_rows });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
