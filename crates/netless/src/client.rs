@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use netless_ring::prefetch::{prefetch_read_range, prefetch_write, prefetch_write_range};
 use netless_ring::{Consumer, EnqueueError, WaitPolicy};
-use netless_shm::{recv_frame, send_frame, service_socket_path, socket_dir};
+use netless_shm::{recv_frame, send_frame};
 
 use crate::blocks::BlockLease;
 use crate::call::{CallOptions, Reply};
-use crate::config::ClientConfig;
+use crate::config::{resolve_socket, ClientConfig};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN};
 use crate::metadata::Metadata;
@@ -164,14 +164,7 @@ impl Client {
     /// Connects to `service` with `config`.
     pub fn connect_with(service: &str, config: ClientConfig) -> Result<Client, Status> {
         config.validate()?;
-        let dir = match &config.dir {
-            Some(d) => d.clone(),
-            None => {
-                socket_dir().map_err(|e| Status::unavailable(format!("socket directory: {e}")))?
-            }
-        };
-        let path = service_socket_path(&dir, service)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (dir, path) = resolve_socket(config.dir.as_deref(), service)?;
         let not_found = || {
             Status::unavailable(format!(
                 "service `{service}` not found in {}: is its server running? (set NETLESS_DIR if it uses another directory)",
@@ -349,12 +342,7 @@ impl Client {
     ) -> Result<Metadata, Status> {
         out.clear();
         let shared = &self.handle.shared;
-        let deadline = options.deadline().or_else(|| {
-            shared
-                .config
-                .default_timeout
-                .and_then(|t| Instant::now().checked_add(t))
-        });
+        let deadline = shared.deadline_for(options);
         let (index, call_id) =
             shared.submit(method, options.request_metadata(), payload, deadline, false)?;
         let result = shared.wait_blocking(index, call_id, deadline, out);
@@ -375,12 +363,7 @@ impl Client {
         options: &CallOptions,
     ) -> impl Future<Output = Result<Reply, Status>> + Send + 'static {
         let shared = &self.handle.shared;
-        let deadline = options.deadline().or_else(|| {
-            shared
-                .config
-                .default_timeout
-                .and_then(|t| Instant::now().checked_add(t))
-        });
+        let deadline = shared.deadline_for(options);
         let body = method.len() + options.request_metadata().encoded_len() + payload.len();
         let state = if body > shared.fragment_body {
             // Sending fragments may wait for buffer space: do it on a helper thread.
@@ -474,6 +457,15 @@ impl Drop for Handle {
 }
 
 impl Shared {
+    /// The call's deadline, or the client's default timeout from now.
+    fn deadline_for(&self, options: &CallOptions) -> Option<Instant> {
+        options.deadline().or_else(|| {
+            self.config
+                .default_timeout
+                .and_then(|t| Instant::now().checked_add(t))
+        })
+    }
+
     fn death_status(&self) -> Status {
         lock(&self.death).clone().unwrap_or_else(|| {
             Status::unavailable(format!(

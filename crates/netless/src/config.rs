@@ -2,7 +2,7 @@
 //!
 //! This module owns the knobs and their validation; it never touches shared memory.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use netless_ring::WaitPolicy;
@@ -154,4 +154,19 @@ impl ClientConfig {
         }
         Ok(())
     }
+}
+
+/// The socket directory (`dir`, or the default one) and the path of `service`'s socket in it.
+pub(crate) fn resolve_socket(
+    dir: Option<&Path>,
+    service: &str,
+) -> Result<(PathBuf, PathBuf), Status> {
+    let dir = match dir {
+        Some(d) => d.to_path_buf(),
+        None => netless_shm::socket_dir()
+            .map_err(|e| Status::unavailable(format!("socket directory: {e}")))?,
+    };
+    let path = netless_shm::service_socket_path(&dir, service)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((dir, path))
 }

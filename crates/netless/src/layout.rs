@@ -137,28 +137,15 @@ impl WireHeader {
         max_message: usize,
         frag_capacity: usize,
     ) -> Result<(), &'static str> {
-        let body = self.body_len as usize;
-        let frag = self.frag_len as usize;
-        let off = self.frag_offset as usize;
-        if body > max_message {
-            return Err("body longer than the maximum message size");
-        }
-        if frag > frag_capacity {
-            return Err("fragment longer than its container");
-        }
-        if off.checked_add(frag).is_none_or(|end| end > body) {
-            return Err("fragment outside the body");
-        }
-        if frag == 0 && body != 0 {
-            return Err("empty fragment of a non-empty body");
-        }
-        if (self.method_len as usize)
-            .checked_add(self.metadata_len as usize)
-            .is_none_or(|n| n > body)
-        {
-            return Err("method and metadata longer than the body");
-        }
-        Ok(())
+        let prefix = (self.method_len as usize).checked_add(self.metadata_len as usize);
+        check_body_shape(
+            self.body_len,
+            self.frag_offset,
+            self.frag_len,
+            prefix,
+            max_message,
+            frag_capacity,
+        )
     }
 }
 
@@ -212,28 +199,48 @@ impl ResponseHeader {
         max_message: usize,
         frag_capacity: usize,
     ) -> Result<(), &'static str> {
-        let body = self.body_len as usize;
-        let frag = self.frag_len as usize;
-        if body > max_message {
-            return Err("body longer than the maximum message size");
-        }
-        if frag > frag_capacity {
-            return Err("fragment longer than its record");
-        }
-        if (self.frag_offset as usize)
-            .checked_add(frag)
-            .is_none_or(|end| end > body)
-        {
-            return Err("fragment outside the body");
-        }
-        if frag == 0 && body != 0 {
-            return Err("empty fragment of a non-empty body");
-        }
-        if self.metadata_len as usize > body {
-            return Err("metadata longer than the body");
-        }
-        Ok(())
+        check_body_shape(
+            self.body_len,
+            self.frag_offset,
+            self.frag_len,
+            Some(self.metadata_len as usize),
+            max_message,
+            frag_capacity,
+        )
     }
+}
+
+/// The checks both headers need before their lengths are used to slice: the body fits the
+/// maximum, the fragment fits its container and lies inside the body, and the `prefix`
+/// (method and metadata before the payload; `None` if its length overflowed) fits the body.
+fn check_body_shape(
+    body_len: u32,
+    frag_offset: u32,
+    frag_len: u32,
+    prefix: Option<usize>,
+    max_message: usize,
+    frag_capacity: usize,
+) -> Result<(), &'static str> {
+    let (body, frag) = (body_len as usize, frag_len as usize);
+    if body > max_message {
+        return Err("body longer than the maximum message size");
+    }
+    if frag > frag_capacity {
+        return Err("fragment longer than its container");
+    }
+    if (frag_offset as usize)
+        .checked_add(frag)
+        .is_none_or(|end| end > body)
+    {
+        return Err("fragment outside the body");
+    }
+    if frag == 0 && body != 0 {
+        return Err("empty fragment of a non-empty body");
+    }
+    if prefix.is_none_or(|n| n > body) {
+        return Err("method and metadata longer than the body");
+    }
+    Ok(())
 }
 
 /// Block-table word encoding: `0` is FREE; otherwise the low 31 bits are the owning

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use netless_ring::prefetch::{prefetch_read_range, prefetch_write, prefetch_write_range};
 use netless_ring::{ConsumerHead, Dequeue, Producer, PushError};
-use netless_shm::{peer_cred, recv_frame, send_frame, service_socket_path, socket_dir};
+use netless_shm::{peer_cred, recv_frame, send_frame};
 
 use crate::call::{Request, ResponseBuilder};
-use crate::config::ServerConfig;
+use crate::config::{resolve_socket, ServerConfig};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
     block_state, conn_tag, kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
@@ -226,14 +226,7 @@ impl Server {
         handler: impl Handler,
     ) -> Result<Server, Status> {
         config.validate()?;
-        let dir = match &config.dir {
-            Some(d) => d.clone(),
-            None => {
-                socket_dir().map_err(|e| Status::unavailable(format!("socket directory: {e}")))?
-            }
-        };
-        let socket_path = service_socket_path(&dir, service)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (_, socket_path) = resolve_socket(config.dir.as_deref(), service)?;
         if socket_path.exists() {
             if UnixStream::connect(&socket_path).is_ok() {
                 return Err(Status::new(
@@ -1086,9 +1079,6 @@ fn random_token() -> u64 {
     h.write_u128(Instant::now().elapsed().as_nanos());
     h.finish()
 }
-
-#[allow(dead_code)]
-fn _assert_fd(_: &impl AsFd) {}
 
 #[cfg(test)]
 mod tests {
