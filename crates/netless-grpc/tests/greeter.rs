@@ -99,8 +99,9 @@ where
     assert_eq!(reply.get_ref().message, "Hello again!", "{transport}");
 }
 
-/// Entry point of the spawned server processes; does nothing as a normal test.
+/// Entry point of the spawned server processes (run only by them, via `--ignored`).
 #[test]
+#[ignore = "entry point of the server processes the other test spawns"]
 fn child_process_entry() {
     let Ok(role) = std::env::var("NETLESS_GRPC_TEST_ROLE") else {
         return;
@@ -163,6 +164,7 @@ impl ServerProcess {
             .args([
                 "--exact",
                 "child_process_entry",
+                "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])

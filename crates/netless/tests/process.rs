@@ -15,8 +15,9 @@ use common::*;
 use netless::fault::{inject, ClientFault};
 use netless::{CallOptions, Client, Code, Server};
 
-/// Entry point of spawned peers; does nothing when run as a normal test.
+/// Entry point of spawned peers (run only by them, via `--ignored`).
 #[test]
+#[ignore = "entry point of the peer processes the other tests spawn"]
 fn child_process_entry() {
     let Some((role, dir, service)) = role() else {
         return;

@@ -113,7 +113,13 @@ pub fn test_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Re
 /// Spawns this test binary running only `test_name`, in `role`.
 pub fn spawn_role(test_name: &str, role: &str, dir: &Path, service: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            test_name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE, role)
         .env(DIR, dir)
         .env(SERVICE, service)
