@@ -1,11 +1,13 @@
 //! What a caller passes with a call and gets back: options, the reply, and the server-side
 //! view of a request with the builder for its response.
 //!
-//! Plain data; no shared memory, no I/O.
+//! Plain data; no shared memory, no I/O (a deferred reply's handle lives in the server).
 
 use std::time::{Duration, Instant};
 
 use crate::metadata::Metadata;
+use crate::server::DeferredReply;
+use crate::status::Status;
 
 /// Per-call options: deadline and request metadata.
 ///
@@ -103,6 +105,20 @@ pub struct ResponseBuilder<'a> {
     /// Response bytes (ignored once [`ResponseBuilder::reply_with`] was called).
     pub payload: Vec<u8>,
     borrowed: Option<&'a [u8]>,
+    defer_hook: Option<DeferHook<'a>>,
+    deferred: bool,
+}
+
+/// Makes the [`DeferredReply`] for the call being handled.
+type DeferFn<'a> = dyn Fn() -> Result<DeferredReply, Status> + 'a;
+
+#[derive(Clone, Copy)]
+struct DeferHook<'a>(&'a DeferFn<'a>);
+
+impl std::fmt::Debug for DeferHook<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeferHook")
+    }
 }
 
 impl<'a> ResponseBuilder<'a> {
@@ -110,6 +126,25 @@ impl<'a> ResponseBuilder<'a> {
     /// copying them into [`ResponseBuilder::payload`].
     pub fn reply_with(&mut self, bytes: &'a [u8]) {
         self.borrowed = Some(bytes);
+    }
+
+    /// Replies later instead of now: returns a handle that sends the reply from any
+    /// thread, and the worker moves on to other calls as soon as the handler returns. Once
+    /// deferred, what the handler writes here or returns is not sent; only the handle
+    /// replies (see [`DeferredReply`]).
+    ///
+    /// Fails with `UNAVAILABLE` if the client's connection is already closed, and with
+    /// `FAILED_PRECONDITION` on a builder not made by a server.
+    pub fn defer(&mut self) -> Result<DeferredReply, Status> {
+        let hook = self.defer_hook.ok_or_else(|| {
+            Status::new(
+                crate::Code::FailedPrecondition,
+                "only a call being served by a netless Server can defer",
+            )
+        })?;
+        let reply = (hook.0)()?;
+        self.deferred = true;
+        Ok(reply)
     }
 
     /// A builder that reuses `metadata` and `payload`'s allocations.
@@ -120,7 +155,21 @@ impl<'a> ResponseBuilder<'a> {
             metadata,
             payload,
             borrowed: None,
+            defer_hook: None,
+            deferred: false,
         }
+    }
+
+    pub(crate) fn set_defer_hook(&mut self, hook: &'a DeferFn<'a>) {
+        self.defer_hook = Some(DeferHook(hook));
+    }
+
+    pub(crate) fn is_deferred(&self) -> bool {
+        self.deferred
+    }
+
+    pub(crate) fn into_parts(self) -> (Metadata, Vec<u8>) {
+        (self.metadata, self.payload)
     }
 
     /// The response bytes to send.

@@ -112,6 +112,12 @@ pub struct Server {
 }
 
 struct ServerShared {
+    /// This server, for handles that outlive a handler call ([`DeferredReply`]).
+    this: std::sync::Weak<ServerShared>,
+    /// Set (by a worker, before the first [`DeferredReply`] exists) once any handler deferred
+    /// a reply: from then on replies may come from other threads, so even a single worker
+    /// locks the producer.
+    deferring: AtomicBool,
     service: String,
     socket_path: PathBuf,
     config: ServerConfig,
@@ -253,7 +259,9 @@ impl Server {
         listener
             .set_nonblocking(true)
             .map_err(|e| Status::internal(format!("listener: {e}")))?;
-        let shared = Arc::new(ServerShared {
+        let shared = Arc::new_cyclic(|this| ServerShared {
+            this: this.clone(),
+            deferring: AtomicBool::new(false),
             service: service.to_string(),
             socket_path,
             head: ConsumerHead::new(),
@@ -892,6 +900,9 @@ impl ServerShared {
             std::mem::take(&mut response.metadata),
             std::mem::take(&mut response.payload),
         );
+        // Built only if the handler asks for it, so a plain call clones no `Arc`.
+        let defer = || self.defer(conn, h.call_id);
+        builder.set_defer_hook(&defer);
         let result = if expired {
             Err(Status::deadline_exceeded(
                 "deadline expired before the server started the call",
@@ -920,6 +931,8 @@ impl ServerShared {
         };
         WorkerSlot::count(&me.requests);
         let sent = match result {
+            // The handle sends the reply (or its drop sends an error).
+            _ if builder.is_deferred() => Ok(()),
             Ok(()) => self.respond(conn, h.call_id, Code::Ok, &builder.metadata, builder.body()),
             Err(status) => {
                 WorkerSlot::count(&me.errors);
@@ -942,11 +955,33 @@ impl ServerShared {
         let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
         let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
         prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
-        response.metadata = builder.metadata;
-        response.payload = builder.payload;
+        let (metadata, payload) = builder.into_parts();
+        response.metadata = metadata;
+        response.payload = payload;
         response.method = method.into_bytes();
         sent.inspect_err(|why| {
             tracing::debug!("dropping connection {}: {why}", conn.index);
+        })
+    }
+
+    /// A handle to reply later to call `call_id` on `conn`.
+    fn defer(&self, conn: &Conn, call_id: u64) -> Result<DeferredReply, Status> {
+        let server = self
+            .this
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the server is shutting down"))?;
+        let conn = self
+            .slots
+            .get(conn.index as usize)
+            .and_then(|slot| slot.conn.read().ok()?.clone())
+            .filter(|c| c.tag == conn.tag)
+            .ok_or_else(|| Status::unavailable("the client's connection is closed"))?;
+        self.deferring.store(true, Ordering::Relaxed);
+        Ok(DeferredReply {
+            server,
+            conn,
+            call_id,
+            sent: false,
         })
     }
 
@@ -971,10 +1006,12 @@ impl ServerShared {
         };
         let body_len = md_len + payload.len();
         let mut guard;
-        let producer = if self.workers.len() == 1 {
+        let producer = if self.workers.len() == 1 && !self.deferring.load(Ordering::Relaxed) {
             // No lock, so no locked instruction stalling on this core's pending stores.
-            // SAFETY: with a single worker, only this thread ever touches a connection's
-            // producer (the acceptor and shutdown never do).
+            // SAFETY: with a single worker and no deferred replies, only this thread ever
+            // touches a connection's producer (the acceptor and shutdown never do). The
+            // worker itself sets `deferring` before the first DeferredReply exists, so once
+            // another thread may reply, this worker sees the flag and locks too.
             unsafe { conn.producer.get_unsynchronized() }
         } else {
             guard = conn.producer.lock();
@@ -1054,6 +1091,95 @@ impl ServerShared {
             }
             netless_ring::ring(conn.segment.doorbell());
         }
+    }
+}
+
+/// The reply to a call, sent later and from any thread: what
+/// [`ResponseBuilder::defer`](crate::ResponseBuilder::defer) returns.
+///
+/// The handler returns at once and the worker serves other calls; whoever holds the handle
+/// replies when the answer is ready (long polls, replies that wait for another event).
+/// Dropping it unsent fails the call with `INTERNAL`, so a client never waits for a reply
+/// nobody will send.
+///
+/// ```no_run
+/// use netless::{Request, ResponseBuilder, Server, ServerConfig, Status, Metadata};
+/// let server = Server::bind("demo.Later", ServerConfig::default(),
+///     |_req: &Request<'_>, resp: &mut ResponseBuilder<'_>| -> Result<(), Status> {
+///         let reply = resp.defer()?;
+///         std::thread::spawn(move || {
+///             std::thread::sleep(std::time::Duration::from_millis(10));
+///             let _ = reply.send(&Metadata::new(), b"later");
+///         });
+///         Ok(())
+///     })?;
+/// # Ok::<(), netless::Status>(())
+/// ```
+pub struct DeferredReply {
+    server: Arc<ServerShared>,
+    conn: Arc<Conn>,
+    call_id: u64,
+    sent: bool,
+}
+
+impl DeferredReply {
+    /// Sends a successful reply. Fails with `UNAVAILABLE` if the client is gone (nothing
+    /// was sent) or broke the protocol while the reply was written (its connection is closed).
+    pub fn send(mut self, metadata: &Metadata, payload: &[u8]) -> Result<(), Status> {
+        self.sent = true;
+        self.write(Code::Ok, metadata, payload)
+    }
+
+    /// Fails the call with `status`.
+    pub fn fail(mut self, status: &Status) -> Result<(), Status> {
+        self.sent = true;
+        self.write(status.code(), &Metadata::new(), status.message().as_bytes())
+    }
+
+    /// Whether the client's connection is gone (or the server is stopping): a reply would
+    /// reach no one, and work for it can stop.
+    pub fn is_closed(&self) -> bool {
+        self.conn.dead.load(Ordering::Acquire) || self.server.stopping.load(Ordering::Acquire)
+    }
+
+    fn write(&self, code: Code, metadata: &Metadata, payload: &[u8]) -> Result<(), Status> {
+        if self.is_closed() {
+            return Err(Status::unavailable(
+                "the client's connection is closed; the reply was not sent",
+            ));
+        }
+        self.server
+            .respond(&self.conn, self.call_id, code, metadata, payload)
+            .map_err(|why| {
+                self.server.violations.fetch_add(1, Ordering::Relaxed);
+                self.conn.close(Status::internal(format!(
+                    "connection closed by service `{}`: the client violated the protocol ({why})",
+                    self.server.service
+                )));
+                Status::unavailable(format!("the client's connection was closed: {why}"))
+            })
+    }
+}
+
+impl Drop for DeferredReply {
+    fn drop(&mut self) {
+        if !self.sent {
+            let _ = self.write(
+                Code::Internal,
+                &Metadata::new(),
+                b"the server dropped this call without replying",
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for DeferredReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredReply")
+            .field("service", &self.server.service)
+            .field("call_id", &self.call_id)
+            .field("closed", &self.is_closed())
+            .finish()
     }
 }
 
