@@ -8,16 +8,21 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
-use http_body_util::BodyExt;
-use netless::{CallOptions, Client, ClientConfig, Metadata, Status};
+use netless::{CallOptions, Client, ClientConfig, Metadata, Reply, Status};
 
-use crate::mapping::{headers_to_metadata, metadata_to_headers, parse_grpc_timeout, ReplyBody};
+use crate::mapping::{
+    frame_now, headers_to_metadata, metadata_to_headers, parse_grpc_timeout, ReplyBody,
+};
+use crate::protocol::{session_of, HEADERS, MORE, WINDOW};
+use crate::stream::{ClientStream, StreamBody};
 
 /// A tonic transport over netless: `GreeterClient::new(Channel::connect("helloworld.Greeter")?)`.
 ///
-/// Cheap to clone; clones share one netless connection. A call that cannot reach the
+/// Cheap to clone; clones share one netless connection. Unary and streaming calls, metadata,
+/// trailers, `grpc-timeout` deadlines and cancellation (dropping a call or its response
+/// stream cancels it on the server) behave as over HTTP/2. A call that cannot reach the
 /// service (unknown service, dead server, full queue, expired deadline) completes with the
-/// corresponding gRPC status, exactly as tonic reports transport failures.
+/// corresponding gRPC status, as tonic reports transport failures.
 #[derive(Clone, Debug)]
 pub struct Channel {
     client: Client,
@@ -58,46 +63,91 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Channel {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> ResponseFuture {
         let client = self.client.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            let path = parts.uri.path().to_string();
-            let bytes = match body.collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(e) => {
-                    return Ok(status_response(&Status::internal(format!(
-                        "reading the request body: {e}"
-                    ))))
-                }
-            };
-            let mut metadata = Metadata::new();
-            headers_to_metadata(&parts.headers, &mut metadata);
-            let mut options = CallOptions::new().with_metadata(metadata);
-            if let Some(deadline) = parts
-                .headers
-                .get("grpc-timeout")
-                .and_then(|v| parse_grpc_timeout(v.as_bytes()))
-            {
-                options = options.deadline_at(deadline);
-            }
-            Ok(match client.call_async(&path, &bytes, &options).await {
-                Ok(reply) => {
-                    let (mut headers, trailers) = metadata_to_headers(&reply.metadata);
-                    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
-                    let mut response = http::Response::new(tonic::body::Body::new(ReplyBody::new(
-                        Bytes::from(reply.payload),
-                        trailers,
-                    )));
-                    *response.headers_mut() = headers;
-                    response
-                }
-                Err(status) => status_response(&status),
-            })
-        })
+        Box::pin(async move { Ok(call(client, request).await.unwrap_or_else(status_response)) })
     }
 }
 
+async fn call(
+    client: Client,
+    request: http::Request<tonic::body::Body>,
+) -> Result<http::Response<tonic::body::Body>, Status> {
+    let (parts, mut body) = request.into_parts();
+    let path = parts.uri.path();
+    let mut metadata = Metadata::new();
+    headers_to_metadata(&parts.headers, &mut metadata);
+    let deadline = parts
+        .headers
+        .get("grpc-timeout")
+        .and_then(|v| parse_grpc_timeout(v.as_bytes()));
+    // What of the request is ready now: all of it for a unary call.
+    let mut bytes = Vec::new();
+    let ended = loop {
+        match frame_now(&mut body).await {
+            Some(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    bytes.extend_from_slice(&data);
+                }
+                if bytes.len() >= WINDOW {
+                    break false;
+                }
+            }
+            Some(Some(Err(e))) => {
+                return Err(Status::new(
+                    netless::Code::Cancelled,
+                    format!("the request stream failed: {e}"),
+                ))
+            }
+            Some(None) => break true,
+            None => break false,
+        }
+    };
+    if !ended {
+        metadata.insert(MORE, "1");
+    }
+    let mut options = CallOptions::new().with_metadata(metadata);
+    if let Some(deadline) = deadline {
+        options = options.deadline_at(deadline);
+    }
+    let reply = client.call_async(path, &bytes, &options).await?;
+    let Some(id) = session_of(&reply.metadata) else {
+        return Ok(unary_response(reply));
+    };
+    // From here, dropping `stream` (this future, or later the response body) cancels the
+    // call on the server.
+    let stream = ClientStream::new(client, id, deadline);
+    let head = if ended {
+        reply
+    } else {
+        stream.send_request(body);
+        // The response headers come with the first `recv` that has any.
+        loop {
+            let reply = stream.recv().await?;
+            if reply.metadata.get(HEADERS).is_some() {
+                break reply;
+            }
+        }
+    };
+    let (mut headers, _) = metadata_to_headers(&head.metadata);
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    let mut response = http::Response::new(tonic::body::Body::new(StreamBody::new(stream, head)));
+    *response.headers_mut() = headers;
+    Ok(response)
+}
+
+/// The response to a call that completed in one exchange.
+fn unary_response(reply: Reply) -> http::Response<tonic::body::Body> {
+    let (mut headers, trailers) = metadata_to_headers(&reply.metadata);
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    let mut response = http::Response::new(tonic::body::Body::new(ReplyBody::new(
+        Bytes::from(reply.payload),
+        trailers,
+    )));
+    *response.headers_mut() = headers;
+    response
+}
+
 /// A trailers-only gRPC response carrying `status`.
-fn status_response(status: &Status) -> http::Response<tonic::body::Body> {
+fn status_response(status: Status) -> http::Response<tonic::body::Body> {
     let code = tonic::Code::from_i32(i32::from(status.code() as u16));
     let grpc = tonic::Status::new(code, status.message());
     let mut headers = HeaderMap::new();

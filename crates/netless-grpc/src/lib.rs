@@ -6,9 +6,9 @@
 //! [`GrpcServer`] serves tonic-generated services unchanged, each `pkg.Service` as the
 //! netless service of that name.
 //!
-//! This crate is the first slice of the gRPC adapters: unary calls (and client-streaming
-//! calls whose request stream fits in one message); server and bidirectional streaming,
-//! cancellation and flow control come next.
+//! Unary, server-, client- and bidirectional-streaming calls work, with metadata, trailers,
+//! status details, `grpc-timeout` deadlines, cancellation and flow control; how the calls
+//! map onto netless messages is described in the `protocol` module's source.
 //!
 //! ```no_run
 //! # mod pb { pub mod greeter_client { pub struct GreeterClient<T>(T); impl<T> GreeterClient<T> { pub fn new(t: T) -> Self { GreeterClient(t) } } } }
@@ -22,7 +22,10 @@
 
 mod channel;
 mod mapping;
+mod protocol;
 mod server;
+mod session;
+mod stream;
 
 pub use channel::Channel;
-pub use server::GrpcServer;
+pub use server::{GrpcServer, GrpcServing};

@@ -5,6 +5,7 @@
 //! Header values travel as their raw bytes (binary `-bin` metadata stays base64, as on the
 //! wire), so both ends see exactly what the other sent.
 
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -91,6 +92,20 @@ pub(crate) fn format_grpc_timeout(deadline: Instant) -> HeaderValue {
         format!("{}S", (micros / 1_000_000).min(99_999_999))
     };
     HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("99999999S"))
+}
+
+/// Polls `body` once: `None` if it has nothing ready.
+pub(crate) async fn frame_now<B>(
+    body: &mut B,
+) -> Option<Option<Result<http_body::Frame<B::Data>, B::Error>>>
+where
+    B: http_body::Body + Unpin,
+{
+    poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
+        Poll::Ready(frame) => Poll::Ready(Some(frame)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
 }
 
 /// A response body: the message bytes, then the trailers.

@@ -1,33 +1,35 @@
 //! The server side: serves tonic-generated services (`GreeterServer::new(svc)`) over netless,
 //! each `pkg.Service` as the netless service of that name.
 //!
-//! Each netless worker runs the tonic service on its own single-threaded tokio runtime, so
-//! the service code runs unchanged; the request's bytes, metadata and deadline are turned
-//! back into an HTTP request and the response's body, headers and trailers into the netless
-//! reply.
+//! The service runs on the netless worker that took the call (`Handle::block_on`), so a unary
+//! call crosses no thread; whatever it spawns runs on the server's tokio runtime. A call
+//! whose request or response goes on longer becomes a stream (see [`crate::protocol`]),
+//! driven by a task on that runtime.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method};
-use http_body_util::BodyExt;
-use netless::{Request, ResponseBuilder, Server, ServerConfig, Status};
+use http::{HeaderMap, HeaderValue, Method};
+use netless::{Metadata, Request, ResponseBuilder, Server, ServerConfig, Status};
 use tonic::server::NamedService;
 use tonic::service::Routes;
 use tower_service::Service;
 
-use crate::mapping::{
-    format_grpc_timeout, headers_to_metadata, metadata_to_headers, trailers_to_metadata,
+use crate::mapping::{format_grpc_timeout, frame_now, metadata_to_headers, trailers_to_metadata};
+use crate::protocol::{
+    split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
 };
+use crate::session::{response_head, Sessions};
 
 /// Builds and serves a set of tonic services over netless.
 ///
 /// ```no_run
 /// # fn svc() -> tonic::service::Routes { tonic::service::Routes::default() }
-/// let servers = netless_grpc::GrpcServer::new()
+/// let serving = netless_grpc::GrpcServer::new()
 ///     // .add_service(GreeterServer::new(MyGreeter::default()))
 ///     .serve()?;
+/// serving.wait();
 /// # Ok::<(), netless::Status>(())
 /// ```
 #[derive(Default)]
@@ -35,6 +37,7 @@ pub struct GrpcServer {
     routes: Routes,
     names: Vec<&'static str>,
     config: ServerConfig,
+    runtime_threads: Option<usize>,
 }
 
 impl GrpcServer {
@@ -46,6 +49,12 @@ impl GrpcServer {
     /// The netless configuration each service's server uses.
     pub fn config(mut self, config: ServerConfig) -> GrpcServer {
         self.config = config;
+        self
+    }
+
+    /// Threads of the tokio runtime that runs streams and what services spawn (default 2).
+    pub fn runtime_threads(mut self, threads: usize) -> GrpcServer {
+        self.runtime_threads = Some(threads.max(1));
         self
     }
 
@@ -68,82 +77,271 @@ impl GrpcServer {
         self
     }
 
-    /// Binds one netless server per service; they serve until dropped.
-    pub fn serve(self) -> Result<Vec<Server>, Status> {
-        let routes = Arc::new(self.routes);
-        self.names
+    /// Binds one netless server per service; they serve until the returned handle is dropped.
+    pub fn serve(self) -> Result<GrpcServing, Status> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.runtime_threads.unwrap_or(2))
+            .thread_name("netless-grpc")
+            .enable_all()
+            .build()
+            .map_err(|e| Status::resource_exhausted(format!("tokio runtime: {e}")))?;
+        let shared = Arc::new(Shared {
+            routes: self.routes,
+            sessions: Arc::default(),
+            runtime: runtime.handle().clone(),
+        });
+        runtime.spawn(Sessions::sweep(Arc::downgrade(&shared.sessions)));
+        let servers = self
+            .names
             .iter()
             .map(|name| {
-                let routes = routes.clone();
+                let shared = shared.clone();
                 Server::bind(
                     name,
                     self.config.clone(),
                     move |req: &Request<'_>, resp: &mut ResponseBuilder<'_>| {
-                        handle(&routes, req, resp)
+                        shared.handle(req, resp)
                     },
                 )
             })
-            .collect()
-    }
-}
-
-thread_local! {
-    /// Each netless worker thread drives tonic services on its own runtime.
-    static RUNTIME: Option<tokio::runtime::Runtime> = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .ok();
-}
-
-fn handle(
-    routes: &Routes,
-    req: &Request<'_>,
-    resp: &mut ResponseBuilder<'_>,
-) -> Result<(), Status> {
-    let (mut headers, _) = metadata_to_headers(&req.metadata);
-    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
-    headers.insert("te", HeaderValue::from_static("trailers"));
-    if let Some(deadline) = req.deadline {
-        headers.insert("grpc-timeout", format_grpc_timeout(deadline));
-    }
-    let uri: http::Uri = req
-        .method
-        .parse()
-        .map_err(|_| Status::invalid_argument(format!("`{}` is not a gRPC path", req.method)))?;
-    let mut request = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(
-        Bytes::copy_from_slice(req.payload),
-    )));
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = headers;
-    let mut routes = routes.clone();
-    let collected = RUNTIME.with(|runtime| {
-        let runtime = runtime
-            .as_ref()
-            .ok_or_else(|| Status::internal("no tokio runtime on this worker"))?;
-        runtime.block_on(async move {
-            let Ok(response) = routes.call(request).await;
-            let (parts, body) = response.into_parts();
-            let collected = body.collect().await.map_err(|e| {
-                Status::internal(format!("the service's response body failed: {e}"))
-            })?;
-            Ok::<_, Status>((parts, collected))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(GrpcServing {
+            servers,
+            shared,
+            runtime: Some(runtime),
         })
-    })?;
-    let (parts, collected) = collected;
-    headers_to_metadata(&parts.headers, &mut resp.metadata);
-    // A trailers-only response carries grpc-status in its headers; pass them as trailers.
-    if let Some(status) = parts.headers.get("grpc-status") {
-        let mut trailers = http::HeaderMap::new();
-        trailers.insert("grpc-status", status.clone());
-        if let Some(message) = parts.headers.get("grpc-message") {
-            trailers.insert("grpc-message", message.clone());
+    }
+}
+
+/// Serving tonic services over netless; stops when dropped.
+pub struct GrpcServing {
+    servers: Vec<Server>,
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl GrpcServing {
+    /// The netless servers, one per service.
+    pub fn servers(&self) -> &[Server] {
+        &self.servers
+    }
+
+    /// Streams open right now.
+    pub fn open_streams(&self) -> usize {
+        self.shared.sessions.len()
+    }
+
+    /// Blocks until the servers stop (for `main` of a server process).
+    pub fn wait(&self) {
+        for server in &self.servers {
+            server.wait();
         }
-        trailers_to_metadata(&trailers, &mut resp.metadata);
     }
-    if let Some(trailers) = collected.trailers() {
-        trailers_to_metadata(trailers, &mut resp.metadata);
+}
+
+impl Drop for GrpcServing {
+    fn drop(&mut self) {
+        self.servers.clear();
+        if let Some(runtime) = self.runtime.take() {
+            // Not `drop`: that blocks, and panics if the handle is dropped inside a runtime.
+            runtime.shutdown_background();
+        }
     }
-    resp.payload.extend_from_slice(&collected.to_bytes());
-    Ok(())
+}
+
+impl std::fmt::Debug for GrpcServing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcServing")
+            .field("servers", &self.servers)
+            .finish()
+    }
+}
+
+struct Shared {
+    routes: Routes,
+    sessions: Arc<Sessions>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// What a call produced before it would have had to wait.
+struct Ready {
+    head: HeaderMap,
+    data: Vec<u8>,
+    trailers: Option<HeaderMap>,
+    /// The rest of the body, if it has not ended.
+    rest: Option<tonic::body::Body>,
+}
+
+impl Shared {
+    fn handle(&self, req: &Request<'_>, resp: &mut ResponseBuilder<'_>) -> Result<(), Status> {
+        if req.method.starts_with(STREAM_PREFIX) {
+            return self.stream_op(req, resp);
+        }
+        let request = self.http_request(req)?;
+        if req.metadata.get(MORE).is_some() {
+            return self.open_client_stream(request, req.payload, resp);
+        }
+        let mut routes = self.routes.clone();
+        let ready = self.runtime.block_on(async move {
+            let Ok(response) = routes.call(request).await;
+            let (parts, mut body) = response.into_parts();
+            let mut data = Vec::new();
+            loop {
+                match frame_now(&mut body).await {
+                    Some(Some(Ok(frame))) => match frame.into_data() {
+                        Ok(bytes) => {
+                            data.extend_from_slice(&bytes);
+                            if data.len() >= WINDOW {
+                                break;
+                            }
+                        }
+                        Err(frame) => {
+                            return Ok(Ready {
+                                head: parts.headers,
+                                data,
+                                trailers: frame.into_trailers().ok(),
+                                rest: None,
+                            });
+                        }
+                    },
+                    Some(None) => {
+                        return Ok(Ready {
+                            head: parts.headers,
+                            data,
+                            trailers: Some(HeaderMap::new()),
+                            rest: None,
+                        })
+                    }
+                    Some(Some(Err(e))) => {
+                        return Err(Status::internal(format!(
+                            "the service's response body failed: {e}"
+                        )))
+                    }
+                    None => break,
+                }
+            }
+            Ok::<_, Status>(Ready {
+                head: parts.headers,
+                data,
+                trailers: None,
+                rest: Some(body),
+            })
+        })?;
+        let (head, trailers_only) = response_head(&ready.head);
+        resp.metadata = head;
+        if let Some(trailers) = trailers_only {
+            for (k, v) in trailers.iter() {
+                resp.metadata.insert(k, v);
+            }
+            return Ok(());
+        }
+        match ready.rest {
+            None => {
+                if let Some(trailers) = &ready.trailers {
+                    trailers_to_metadata(trailers, &mut resp.metadata);
+                }
+                resp.payload.extend_from_slice(&ready.data);
+                Ok(())
+            }
+            Some(body) => {
+                // The response goes on: the rest streams through a session.
+                let metadata = std::mem::take(&mut resp.metadata);
+                let reply = resp.defer()?;
+                let session = self.sessions.open(reply.watch());
+                let mut metadata = metadata;
+                metadata.insert(SESSION, session.id.to_string());
+                let task = self.runtime.spawn(session.clone().pump(body));
+                session.set_task(task.abort_handle());
+                if reply.send(&metadata, &ready.data).is_err() {
+                    session.cancel("the client's connection closed");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A call whose request goes on: the service runs as a task reading `send`s.
+    fn open_client_stream(
+        &self,
+        mut request: http::Request<tonic::body::Body>,
+        first: &[u8],
+        resp: &mut ResponseBuilder<'_>,
+    ) -> Result<(), Status> {
+        let reply = resp.defer()?;
+        let session = self.sessions.open(reply.watch());
+        *request.body_mut() =
+            tonic::body::Body::new(session.request_body(Bytes::copy_from_slice(first)));
+        let mut routes = self.routes.clone();
+        let task = {
+            let session = session.clone();
+            self.runtime.spawn(async move {
+                let Ok(response) = routes.call(request).await;
+                let (parts, body) = response.into_parts();
+                let trailers_only = parts.headers.contains_key("grpc-status");
+                session.set_head(&parts.headers);
+                if !trailers_only {
+                    session.pump(body).await;
+                }
+            })
+        };
+        session.set_task(task.abort_handle());
+        let mut metadata = Metadata::new();
+        metadata.insert(SESSION, session.id.to_string());
+        if reply.send(&metadata, b"").is_err() {
+            session.cancel("the client's connection closed");
+        }
+        Ok(())
+    }
+
+    /// `recv`, `send`, `close-send` or `cancel` on a stream.
+    fn stream_op(&self, req: &Request<'_>, resp: &mut ResponseBuilder<'_>) -> Result<(), Status> {
+        let (id, data) = split_stream_payload(req.payload)
+            .ok_or_else(|| Status::invalid_argument("stream call without a stream id"))?;
+        let reply = resp.defer()?;
+        let session = match self.sessions.get(id, &reply) {
+            Ok(session) => session,
+            // Cancelling a stream that already ended is not an error.
+            Err(_) if req.method == CANCEL => return reply.send(&Metadata::new(), b"").or(Ok(())),
+            Err(status) => return reply.fail(&status).or(Ok(())),
+        };
+        match req.method {
+            RECV => session.recv(reply),
+            SEND => session.send(data, reply),
+            CLOSE_SEND => {
+                session.close_send();
+                let _ = reply.send(&Metadata::new(), b"");
+            }
+            CANCEL => {
+                session.cancel("the client cancelled the call");
+                let _ = reply.send(&Metadata::new(), b"");
+            }
+            other => {
+                let _ = reply.fail(&Status::new(
+                    netless::Code::Unimplemented,
+                    format!("unknown stream operation `{other}`"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The HTTP request tonic expects, from a netless request.
+    fn http_request(&self, req: &Request<'_>) -> Result<http::Request<tonic::body::Body>, Status> {
+        let (mut headers, _) = metadata_to_headers(&req.metadata);
+        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+        headers.insert("te", HeaderValue::from_static("trailers"));
+        if let Some(deadline) = req.deadline {
+            headers.insert("grpc-timeout", format_grpc_timeout(deadline));
+        }
+        let uri: http::Uri = req.method.parse().map_err(|_| {
+            Status::invalid_argument(format!("`{}` is not a gRPC path", req.method))
+        })?;
+        let mut request = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(
+            Bytes::copy_from_slice(req.payload),
+        )));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        Ok(request)
+    }
 }

@@ -47,7 +47,7 @@ pub use config::{ClientConfig, ServerConfig, DEFAULT_MAX_MESSAGE};
 pub use metadata::{Metadata, MAX_KEY_LEN};
 pub use netless_ring::{WaitMode, WaitPolicy};
 pub use netless_shm::Acl;
-pub use server::{DeferredReply, Handler, Server, ServerStats};
+pub use server::{ConnectionWatch, DeferredReply, Handler, Server, ServerStats};
 pub use status::{Code, Status};
 
 /// The README's example, compiled and run as a doc test so it stays true.

@@ -1142,6 +1142,15 @@ impl DeferredReply {
         self.conn.dead.load(Ordering::Acquire) || self.server.stopping.load(Ordering::Acquire)
     }
 
+    /// A handle that tells, later, whether this call's client is still connected (for work
+    /// that outlives the reply, such as a stream the client keeps polling).
+    pub fn watch(&self) -> ConnectionWatch {
+        ConnectionWatch {
+            server: self.server.clone(),
+            conn: self.conn.clone(),
+        }
+    }
+
     fn write(&self, code: Code, metadata: &Metadata, payload: &[u8]) -> Result<(), Status> {
         if self.is_closed() {
             return Err(Status::unavailable(
@@ -1158,6 +1167,34 @@ impl DeferredReply {
                 )));
                 Status::unavailable(format!("the client's connection was closed: {why}"))
             })
+    }
+}
+
+/// Whether a client is still connected: see [`DeferredReply::watch`].
+#[derive(Clone)]
+pub struct ConnectionWatch {
+    server: Arc<ServerShared>,
+    conn: Arc<Conn>,
+}
+
+impl ConnectionWatch {
+    /// Whether the client's connection is gone (it hung up, died or was closed for breaking
+    /// the protocol) or the server is stopping.
+    pub fn is_closed(&self) -> bool {
+        self.conn.dead.load(Ordering::Acquire) || self.server.stopping.load(Ordering::Acquire)
+    }
+
+    /// Whether `reply` answers a call from the same connection as this watch.
+    pub fn same_connection(&self, reply: &DeferredReply) -> bool {
+        Arc::ptr_eq(&self.conn, &reply.conn)
+    }
+}
+
+impl std::fmt::Debug for ConnectionWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionWatch")
+            .field("closed", &self.is_closed())
+            .finish()
     }
 }
 

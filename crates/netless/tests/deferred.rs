@@ -44,7 +44,10 @@ fn deferred_replies_arrive_out_of_order_and_unsent_ones_fail() {
                 return Ok(());
             }
             let reply = resp.defer()?;
-            tx.lock().unwrap().send((req.method.to_string(), reply)).unwrap();
+            tx.lock()
+                .unwrap()
+                .send((req.method.to_string(), reply))
+                .unwrap();
             Ok(())
         },
     )

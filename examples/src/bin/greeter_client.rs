@@ -1,0 +1,41 @@
+//! Calls `helloworld.Greeter/SayHello` with the same client code over TCP or over netless:
+//! `cargo run -p netless-examples --bin greeter_client -- --transport netless --name you`.
+
+use clap::Parser;
+use netless_examples::helloworld::greeter_client::GreeterClient;
+use netless_examples::helloworld::HelloRequest;
+use netless_examples::serve::Transport;
+
+#[derive(Parser)]
+struct Cli {
+    /// `tcp` or `netless`.
+    #[arg(long, value_enum, default_value = "netless")]
+    transport: Transport,
+    /// The server's TCP address (with `--transport tcp`).
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    /// Who to greet.
+    #[arg(long, default_value = "world")]
+    name: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let request = HelloRequest { name: cli.name };
+    // The only line that differs between the transports is the channel.
+    let reply = match cli.transport {
+        Transport::Netless | Transport::Both => {
+            let channel = netless_grpc::Channel::connect("helloworld.Greeter")?;
+            GreeterClient::new(channel).say_hello(request).await?
+        }
+        Transport::Tcp => {
+            let channel = tonic::transport::Endpoint::from_shared(cli.addr)?
+                .connect()
+                .await?;
+            GreeterClient::new(channel).say_hello(request).await?
+        }
+    };
+    println!("{}", reply.into_inner().message);
+    Ok(())
+}
