@@ -10,6 +10,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod checks;
 pub mod greeter;
 pub mod routeguide;
 pub mod serve;

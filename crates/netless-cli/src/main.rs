@@ -22,6 +22,8 @@ enum Command {
     EchoServer(cmd::echo_server::Args),
     /// Call a service repeatedly, like ping(8), and summarise the round-trip times.
     Ping(cmd::ping::Args),
+    /// Forward gRPC/HTTP2 (and TLS) from the network to netless services by path.
+    Gateway(cmd::gateway::Args),
     /// Run a benchmark and print its table (and JSON with --json).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::EchoServer(args) => cmd::echo_server::run(args),
         Command::Ping(args) => cmd::ping::run(args),
+        Command::Gateway(args) => cmd::gateway::run(args),
         Command::Bench(BenchCommand::Echo(args)) => bench::echo::run(args),
         Command::Bench(BenchCommand::Grpc(args)) => bench::grpc::run(args),
         Command::BenchPeer(PeerCommand::GrpcNetless { pin_cpu }) => {

@@ -147,7 +147,7 @@ fn unary_response(reply: Reply) -> http::Response<tonic::body::Body> {
 }
 
 /// A trailers-only gRPC response carrying `status`.
-fn status_response(status: Status) -> http::Response<tonic::body::Body> {
+pub(crate) fn status_response(status: Status) -> http::Response<tonic::body::Body> {
     let code = tonic::Code::from_i32(i32::from(status.code() as u16));
     let grpc = tonic::Status::new(code, status.message());
     let mut headers = HeaderMap::new();

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 mod channel;
+mod gateway;
 mod mapping;
 mod protocol;
 mod server;
@@ -28,4 +29,5 @@ mod session;
 mod stream;
 
 pub use channel::Channel;
+pub use gateway::{tls_acceptor, Gateway};
 pub use server::{GrpcServer, GrpcServing};

@@ -156,6 +156,14 @@ impl ClientConfig {
     }
 }
 
+impl ClientConfig {
+    /// Where `service`'s socket is (or would be) under this configuration: a missing file
+    /// means no server serves that name.
+    pub fn socket_path(&self, service: &str) -> Result<PathBuf, Status> {
+        Ok(resolve_socket(self.dir.as_deref(), service)?.1)
+    }
+}
+
 /// The socket directory (`dir`, or the default one) and the path of `service`'s socket in it.
 pub(crate) fn resolve_socket(
     dir: Option<&Path>,

@@ -1,4 +1,5 @@
 //! The user-facing subcommands other than `bench`.
 
 pub mod echo_server;
+pub mod gateway;
 pub mod ping;
