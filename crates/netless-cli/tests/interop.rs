@@ -249,10 +249,17 @@ fn tonic_client_over_tcp_passes_the_same_suites_through_the_gateway() {
         assert_eq!(err.code(), tonic::Code::Unimplemented, "{err:?}");
         assert!(err.message().contains("nope.Service"), "{err:?}");
 
+        // A call the gateway gives up on (its reply is still to come when the backend dies).
+        let mut greeter = GreeterClient::new(channel);
+        let mut request = tonic::Request::new(HelloRequest {
+            name: "slow".into(),
+        });
+        request.set_timeout(Duration::from_millis(100));
+        assert!(greeter.say_hello(request).await.is_err());
+
         // A dead backend is UNAVAILABLE, promptly.
         drop(setup.backend.take());
         let started = std::time::Instant::now();
-        let mut greeter = GreeterClient::new(channel);
         let err = greeter
             .say_hello(HelloRequest {
                 name: "anyone".into(),
@@ -268,4 +275,27 @@ fn tonic_client_over_tcp_passes_the_same_suites_through_the_gateway() {
         );
         assert!(started.elapsed() < Duration::from_secs(5));
     });
+    drop(runtime);
+    // With its backend dead and its clients gone, the gateway idles.
+    let pid = setup.gateway.0.id();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_time(pid) - before;
+    assert!(
+        used < Duration::from_millis(100),
+        "an idle gateway used {used:?} of CPU in 1 s"
+    );
+}
+
+/// User + system CPU time of process `pid`, from /proc.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command (which may contain spaces) start after the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz = rustix::param::clock_ticks_per_second();
+    Duration::from_millis(ticks * 1000 / hz)
 }

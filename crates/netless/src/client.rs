@@ -129,6 +129,9 @@ pub(crate) struct Shared {
     death: Mutex<Option<Status>>,
     parked: AtomicU32,
     async_waiters: AtomicU32,
+    /// Async calls in their spin phase: they poll the ring themselves, so the reaper keeps
+    /// off the ring (and the CPU) meanwhile.
+    spinning: AtomicU32,
     /// Calls given up on whose replies have not arrived yet: the reaper drains the ring for
     /// them, so late replies never fill it up while nobody else is waiting.
     abandoned: AtomicU32,
@@ -272,6 +275,7 @@ impl Client {
             death: Mutex::new(None),
             parked: AtomicU32::new(0),
             async_waiters: AtomicU32::new(0),
+            spinning: AtomicU32::new(0),
             abandoned: AtomicU32::new(0),
             stopping: AtomicBool::new(false),
             reaper_thread: Mutex::new(None),
@@ -393,10 +397,16 @@ impl Client {
                 Err(status) => AsyncState::Failed(Some(status)),
             }
         };
+        let wait = &shared.config.wait;
+        let may_spin = matches!(state, AsyncState::Ring { .. })
+            && wait.mode != netless_ring::WaitMode::Futex
+            && !wait.spin.is_zero();
         CallFuture {
             client: self.clone(),
             state,
             deadline,
+            may_spin,
+            spin_until: None,
         }
     }
 
@@ -492,6 +502,28 @@ impl Shared {
     }
 
     fn wake_everyone(&self) {
+        self.wake_callers();
+        if let Some(t) = lock(&self.reaper_thread).as_ref() {
+            t.unpark();
+        }
+    }
+
+    /// Wakes the task of one waiting async call (leaving its waker registered).
+    fn nudge_one_async(&self) {
+        for slot in self.slots.iter() {
+            if state_of(slot.state.load(Ordering::Acquire)) == WAITING
+                && slot.is_async.load(Ordering::Relaxed)
+            {
+                if let Some(w) = lock(&slot.waker).as_ref() {
+                    w.wake_by_ref();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Wakes every caller waiting on a call (blocked threads and async tasks).
+    fn wake_callers(&self) {
         for slot in self.slots.iter() {
             if state_of(slot.state.load(Ordering::Acquire)) != IDLE {
                 if let Some(t) = lock(&slot.thread).as_ref() {
@@ -501,9 +533,6 @@ impl Shared {
                     w.wake();
                 }
             }
-        }
-        if let Some(t) = lock(&self.reaper_thread).as_ref() {
-            t.unpark();
         }
     }
 
@@ -1094,6 +1123,12 @@ impl Shared {
                 thread::park_timeout(Duration::from_millis(100));
                 continue;
             }
+            if self.spinning.load(Ordering::Acquire) > 0 {
+                // Spinning calls poll the ring themselves; stay off it and off the CPU.
+                self.expire_async();
+                thread::park_timeout(SPINNER_CHECK);
+                continue;
+            }
             let Some(mut consumer) = self.consumer.try_lock() else {
                 // A blocking caller holds the ring (and may for long): async deadlines are
                 // still ours to enforce. It unparks us when it lets go.
@@ -1109,7 +1144,10 @@ impl Shared {
             self.expire_async();
             if self.dead.load(Ordering::Acquire) {
                 drop(consumer);
-                self.wake_everyone();
+                // No reply will ever come: nothing abandoned is left to drain. (Not
+                // `wake_everyone`: unparking itself would turn this park into a busy loop.)
+                self.abandoned.store(0, Ordering::Release);
+                self.wake_callers();
                 thread::park_timeout(Duration::from_millis(10));
                 continue;
             }
@@ -1120,6 +1158,7 @@ impl Shared {
                 MAX_SLEEP,
                 || {
                     (consumer.has_next()
+                        || self.spinning.load(Ordering::Acquire) > 0
                         || self.dead.load(Ordering::Acquire)
                         || self.stopping.load(Ordering::Acquire)
                         || (self.async_waiters.load(Ordering::Acquire) == 0
@@ -1145,6 +1184,9 @@ impl Shared {
         }
     }
 }
+
+/// How often the reaper checks whether a spinning async call still holds the role.
+const SPINNER_CHECK: Duration = Duration::from_millis(1);
 
 fn deadline_status() -> Status {
     Status::deadline_exceeded("deadline expired before the server replied")
@@ -1234,6 +1276,15 @@ struct CallFuture {
     client: Client,
     state: AsyncState,
     deadline: Option<Instant>,
+    /// Whether this call may still take the spinner's role.
+    may_spin: bool,
+    /// Set while this call is the connection's spinner: until then, a pending poll asks to be
+    /// polled again at once instead of waiting for the reaper's wake-up (the async form of
+    /// the wait policy's spin phase). The task yields to every other ready task in between,
+    /// so it never blocks the executor, and each poll drains the ring for every call, waking
+    /// the others on the same executor without a thread hand-off. At most one call spins per
+    /// connection; the reaper keeps off the ring meanwhile.
+    spin_until: Option<Instant>,
 }
 
 impl Future for CallFuture {
@@ -1272,6 +1323,7 @@ impl Future for CallFuture {
                 let slot = &shared.slots[index];
                 let finish = |this: &mut CallFuture, result| {
                     shared.async_waiters.fetch_sub(1, Ordering::AcqRel);
+                    this.stop_spinning(false);
                     this.state = AsyncState::Finished;
                     Poll::Ready(result)
                 };
@@ -1286,7 +1338,12 @@ impl Future for CallFuture {
                         shared.fail(status);
                     }
                 }
-                *lock(&slot.waker) = Some(cx.waker().clone());
+                {
+                    let mut waker = lock(&slot.waker);
+                    if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *waker = Some(cx.waker().clone());
+                    }
+                }
                 if state_of(slot.state.load(Ordering::Acquire)) == DONE {
                     return finish(this, shared.take_reply(index));
                 }
@@ -1303,7 +1360,47 @@ impl Future for CallFuture {
                     };
                     return finish(this, result);
                 }
+                if this.may_spin && this.spin_until.is_none() {
+                    if shared
+                        .spinning
+                        .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
+                        // Get the reaper out of its wait (where it holds the ring).
+                        netless_ring::ring(shared.conn.doorbell());
+                    }
+                }
+                if this.spin_until.is_some_and(|t| Instant::now() < t) {
+                    cx.waker().wake_by_ref();
+                } else if this.spin_until.is_some() {
+                    // Spun out: the reaper takes over, and this call waits to be woken.
+                    this.may_spin = false;
+                    this.stop_spinning(true);
+                }
                 Poll::Pending
+            }
+        }
+    }
+}
+
+impl CallFuture {
+    /// Gives up the spinner's role. `hand_to_reaper` when calls may be left waiting with
+    /// nobody polling (the spin ran out, or the call was dropped); after a reply, the next
+    /// call on this executor usually takes the role at once, and the reaper checks back
+    /// within [`SPINNER_CHECK`] anyway, so it is not woken (a wake-up per call would cost a
+    /// context switch per call).
+    fn stop_spinning(&mut self, hand_to_reaper: bool) {
+        if self.spin_until.take().is_some() {
+            let shared = &self.client.handle.shared;
+            shared.spinning.store(0, Ordering::Release);
+            if hand_to_reaper {
+                if let Some(t) = lock(&shared.reaper_thread).as_ref() {
+                    t.unpark();
+                }
+            } else if shared.async_waiters.load(Ordering::Acquire) > 0 {
+                // Pass the role on: a waiting call's task, once polled, takes it.
+                shared.nudge_one_async();
             }
         }
     }
@@ -1311,6 +1408,7 @@ impl Future for CallFuture {
 
 impl Drop for CallFuture {
     fn drop(&mut self) {
+        self.stop_spinning(true);
         if let AsyncState::Ring { index, .. } = self.state {
             let shared = &self.client.handle.shared;
             *lock(&shared.slots[index].waker) = None;

@@ -1,10 +1,8 @@
 //! `netless bench grpc`: the same tonic client code over (a) tonic's own HTTP/2 channel on
-//! TCP loopback and (b) the netless `Channel`, against the same echo service in another
-//! process (plain tonic server, or `netless_grpc::GrpcServer`). Sequential latency, then
-//! throughput with many calls in flight.
-//!
-//! Row (c) of issue 3, a TCP client through the gateway, needs the gateway, which is not
-//! built yet.
+//! TCP loopback to a tonic server, (b) the netless `Channel` to the service served by
+//! `netless_grpc::GrpcServer`, and (c) tonic's HTTP/2 channel to `netless gateway`, which
+//! forwards to that same netless server. Every server is its own process. Sequential latency
+//! (interleaved rounds), then throughput with many calls in flight.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -56,7 +54,51 @@ pub fn serve_netless(pin_cpu: Option<usize>) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Peer(Child);
+/// `netless gateway` on a free loopback port (pinned to `cpu`), and its address.
+pub(crate) fn spawn_gateway(
+    exe: &std::path::Path,
+    cpu: Option<usize>,
+) -> anyhow::Result<(Stoppable, String)> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["gateway", "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    if let Some(cpu) = cpu {
+        cmd.args(["--pin-cpu", &cpu.to_string()]);
+    }
+    let mut child = cmd.spawn().context("spawning the gateway")?;
+    let stdout = child.stdout.take().context("gateway stdout")?;
+    let peer = Stoppable(child);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+    let address = line
+        .trim()
+        .strip_prefix("LISTENING ")
+        .with_context(|| format!("the gateway did not start: {line:?}"))?
+        .to_string();
+    Ok((peer, address))
+}
+
+/// A server process stopped with SIGTERM (then reaped) when dropped.
+pub(crate) struct Stoppable(pub(crate) Child);
+
+impl Drop for Stoppable {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) struct Peer(pub(crate) Child);
 
 impl Drop for Peer {
     fn drop(&mut self) {
@@ -168,6 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !line.starts_with("LISTENING") {
         bail!("the netless gRPC server did not start: {line:?}");
     }
+    let gateway = spawn_gateway(&exe, peer_cpu)?;
     let channel = netless_grpc::Channel::connect(SERVICE)?;
     let mut netless_client = EchoClient::new(channel);
     if let Some(cpu) = client_cpu {
@@ -181,26 +224,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", tcp.address()))?
         .tcp_nodelay(true);
     let mut tcp_client = EchoClient::new(rt.block_on(endpoint.connect())?);
-    let transports = ["tonic-tcp", "tonic-netless"];
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", gateway.1))?.tcp_nodelay(true);
+    let mut gateway_client = EchoClient::new(rt.block_on(endpoint.connect())?);
+    let transports = ["tonic-tcp", "tonic-netless", "tcp-gateway-netless"];
     let payloads = [64usize, 4096];
     let mut rows = Vec::new();
     let mut json_rows = Vec::new();
     rt.block_on(async {
         for &size in &payloads {
             let payload = vec![0x5au8; size];
-            let mut hists = [report::new_histogram(), report::new_histogram()];
-            // Warm up both, then interleave ten rounds.
+            let mut hists = [report::new_histogram(), report::new_histogram(), report::new_histogram()];
+            // Warm up all three, then interleave ten rounds.
             sequential(&mut tcp_client, &payload, 500, &mut report::new_histogram(), &watch).await?;
             sequential(&mut netless_client, &payload, 2000, &mut report::new_histogram(), &watch).await?;
+            sequential(&mut gateway_client, &payload, 500, &mut report::new_histogram(), &watch).await?;
             let per_round = args.calls.div_ceil(10);
             for _ in 0..10 {
                 sequential(&mut tcp_client, &payload, per_round, &mut hists[0], &watch).await?;
                 sequential(&mut netless_client, &payload, per_round, &mut hists[1], &watch).await?;
+                sequential(&mut gateway_client, &payload, per_round, &mut hists[2], &watch).await?;
             }
             let tcp_rate = throughput(tcp_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
             let shm_rate =
                 throughput(netless_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
-            for (t, (hist, rate)) in hists.iter().zip([tcp_rate, shm_rate]).enumerate() {
+            let gw_rate =
+                throughput(gateway_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
+            for (t, (hist, rate)) in hists.iter().zip([tcp_rate, shm_rate, gw_rate]).enumerate() {
                 let row = Row::from_histogram(transports[t], size, hist);
                 json_rows.push(serde_json::json!({
                     "transport": row.transport, "payload_bytes": row.payload_bytes, "calls": row.calls,
@@ -220,15 +270,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     println!();
     println!("throughput with {} calls in flight:", args.in_flight);
-    for pair in rows.chunks(2) {
-        let (tcp_row, tcp_rate) = &pair[0];
-        let (_, shm_rate) = &pair[1];
+    for triple in rows.chunks(3) {
+        let (tcp_row, tcp_rate) = &triple[0];
+        let (_, shm_rate) = &triple[1];
+        let (_, gw_rate) = &triple[2];
         println!(
-            "  {:>5} B  tonic-tcp {:>9.0} calls/s   tonic-netless {:>9.0} calls/s   ({:.1}×)",
+            "  {:>5} B  tonic-tcp {:>9.0}/s   tonic-netless {:>9.0}/s ({:.1}×)   tcp-gateway-netless {:>9.0}/s ({:.1}×)",
             tcp_row.payload_bytes,
             tcp_rate,
             shm_rate,
-            shm_rate / tcp_rate
+            shm_rate / tcp_rate,
+            gw_rate,
+            gw_rate / tcp_rate
         );
     }
     if let Some(path) = &args.json {
