@@ -1360,16 +1360,16 @@ impl Future for CallFuture {
                     };
                     return finish(this, result);
                 }
-                if this.may_spin && this.spin_until.is_none() {
-                    if shared
+                if this.may_spin
+                    && this.spin_until.is_none()
+                    && shared
                         .spinning
                         .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
-                    {
-                        this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
-                        // Get the reaper out of its wait (where it holds the ring).
-                        netless_ring::ring(shared.conn.doorbell());
-                    }
+                {
+                    this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
+                    // Get the reaper out of its wait (where it holds the ring).
+                    netless_ring::ring(shared.conn.doorbell());
                 }
                 if this.spin_until.is_some_and(|t| Instant::now() < t) {
                     cx.waker().wake_by_ref();
