@@ -36,8 +36,10 @@ enum Command {
 enum BenchCommand {
     /// NotNets Table 1: gRPC over HTTP/2 vs netless (protobuf and raw) vs the shared-memory floor.
     Echo(bench::echo::Args),
-    /// The same tonic client over TCP/HTTP2 and over the netless Channel.
+    /// The same tonic client over TCP/HTTP2, over the netless Channel, and through the gateway.
     Grpc(bench::grpc::Args),
+    /// Split gRPC Figure 2: one tonic process vs gateway + business-logic process.
+    Split(bench::split::Args),
 }
 
 #[derive(Subcommand, Debug)]
@@ -51,6 +53,13 @@ enum PeerCommand {
     },
     /// The echo service served by netless_grpc::GrpcServer.
     GrpcNetless {
+        #[arg(long)]
+        pin_cpu: Option<usize>,
+    },
+    /// The whole split-bench service in one tonic process.
+    SplitBaseline,
+    /// The split bench's business logic, on netless.
+    SplitLogic {
         #[arg(long)]
         pin_cpu: Option<usize>,
     },
@@ -71,6 +80,13 @@ fn main() -> ExitCode {
         Command::Gateway(args) => cmd::gateway::run(args),
         Command::Bench(BenchCommand::Echo(args)) => bench::echo::run(args),
         Command::Bench(BenchCommand::Grpc(args)) => bench::grpc::run(args),
+        Command::Bench(BenchCommand::Split(args)) => bench::split::run(args),
+        Command::BenchPeer(PeerCommand::SplitBaseline) => {
+            bench::split::serve_baseline().map(|()| ExitCode::SUCCESS)
+        }
+        Command::BenchPeer(PeerCommand::SplitLogic { pin_cpu }) => {
+            bench::split::serve_logic(pin_cpu).map(|()| ExitCode::SUCCESS)
+        }
         Command::BenchPeer(PeerCommand::GrpcNetless { pin_cpu }) => {
             bench::grpc::serve_netless(pin_cpu).map(|()| ExitCode::SUCCESS)
         }

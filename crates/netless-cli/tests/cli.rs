@@ -529,6 +529,95 @@ fn bench_echo_writes_json_in_the_documented_shape() {
 }
 
 #[test]
+fn bench_grpc_compares_tcp_netless_and_the_gateway() {
+    let dir = TestDir::new("bgrpc");
+    let json_path = dir.path.join("grpc.json");
+    let json_arg = json_path.to_str().expect("utf-8 temp path");
+    let out = run(
+        &dir,
+        &[
+            "bench",
+            "grpc",
+            "--calls",
+            "200",
+            "--throughput-calls",
+            "500",
+            "--json",
+            json_arg,
+        ],
+        Duration::from_secs(120),
+    );
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    let text = std::fs::read_to_string(&json_path).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["experiment"], "grpc", "{text}");
+    let mut got: Vec<(String, u64)> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            assert!(row["p50_us"].as_f64().unwrap() > 0.0, "{row}");
+            assert!(
+                row["throughput_calls_per_s"].as_f64().unwrap() > 0.0,
+                "{row}"
+            );
+            (
+                row["transport"].as_str().unwrap().to_string(),
+                row["payload_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, u64)> = ["tonic-tcp", "tonic-netless", "tcp-gateway-netless"]
+        .iter()
+        .flat_map(|t| [(t.to_string(), 64), (t.to_string(), 4096)])
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "{text}");
+}
+
+#[test]
+fn bench_split_measures_every_point_and_draws_the_plot() {
+    let dir = TestDir::new("bsplit");
+    let json_path = dir.path.join("split.json");
+    let svg_path = dir.path.join("split.svg");
+    let out = run(
+        &dir,
+        &[
+            "bench",
+            "split",
+            "--duration-ms",
+            "60",
+            "--in-flight",
+            "4",
+            "--json",
+            json_path.to_str().unwrap(),
+            "--plot",
+            svg_path.to_str().unwrap(),
+        ],
+        Duration::from_secs(180),
+    );
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert!(out.stdout.contains("knee (1 KiB, split)"), "{report}");
+    let text = std::fs::read_to_string(&json_path).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    // 7 business-logic times x 2 messages x 2 setups.
+    assert_eq!(rows.len(), 28, "{text}");
+    for row in rows {
+        assert!(row["calls"].as_u64().unwrap() > 0, "{row}");
+        assert!(
+            row["p50_us"].as_f64().unwrap() <= row["p99_us"].as_f64().unwrap(),
+            "{row}"
+        );
+    }
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("baseline") && svg.contains("split"));
+}
+
+#[test]
 fn unknown_subcommand_and_bad_args_fail_with_usage() {
     let dir = TestDir::new("usage");
 

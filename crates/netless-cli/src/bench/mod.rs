@@ -10,3 +10,4 @@ pub mod grpc;
 pub mod grpc_http2;
 pub mod proto;
 pub mod report;
+pub mod split;

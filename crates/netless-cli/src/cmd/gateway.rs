@@ -29,6 +29,11 @@ pub struct Args {
     /// Threads serving connections (default: 1 when pinned, else the CPU count).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// How forwarded calls wait for the backend's reply: `futex` (the default: a loaded
+    /// gateway has other calls to serve meanwhile), `adaptive` or `spin` (lower latency for
+    /// a lightly loaded gateway, at the cost of CPU).
+    #[arg(long, default_value = "futex")]
+    pub wait: netless::WaitMode,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -67,7 +72,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if tls.is_some() { " (TLS)" } else { "" }
         );
         std::io::stdout().flush()?;
-        let gateway = Gateway::new(netless::ClientConfig::default());
+        let gateway = Gateway::new(netless::ClientConfig {
+            wait: netless::WaitPolicy {
+                mode: args.wait,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
         gateway
             .clone()
             .serve(listener, tls, shutdown_signal())
