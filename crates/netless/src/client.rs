@@ -132,6 +132,8 @@ pub(crate) struct Shared {
     /// Async calls in their spin phase: they poll the ring themselves, so the reaper keeps
     /// off the ring (and the CPU) meanwhile.
     spinning: AtomicU32,
+    /// Replies delivered so far: a spinner keeps spinning while replies keep coming.
+    delivered: AtomicU64,
     /// Calls given up on whose replies have not arrived yet: the reaper drains the ring for
     /// them, so late replies never fill it up while nobody else is waiting.
     abandoned: AtomicU32,
@@ -276,6 +278,7 @@ impl Client {
             parked: AtomicU32::new(0),
             async_waiters: AtomicU32::new(0),
             spinning: AtomicU32::new(0),
+            delivered: AtomicU64::new(0),
             abandoned: AtomicU32::new(0),
             stopping: AtomicBool::new(false),
             reaper_thread: Mutex::new(None),
@@ -390,8 +393,13 @@ impl Client {
         } else {
             match shared.submit(method, options.request_metadata(), payload, deadline, true) {
                 Ok((index, _call_id)) => {
-                    shared.async_waiters.fetch_add(1, Ordering::AcqRel);
-                    self.ensure_reaper();
+                    // The reaper only parks for long when no async call is outstanding: wake
+                    // it (a system call) only for the first one, not for every call.
+                    if shared.async_waiters.fetch_add(1, Ordering::AcqRel) == 0
+                        || lock(&self.handle.reaper).is_none()
+                    {
+                        self.ensure_reaper();
+                    }
                     AsyncState::Ring { index }
                 }
                 Err(status) => AsyncState::Failed(Some(status)),
@@ -407,6 +415,7 @@ impl Client {
             deadline,
             may_spin,
             spin_until: None,
+            progress: 0,
         }
     }
 
@@ -986,6 +995,7 @@ impl Shared {
     }
 
     fn deliver(&self, index: usize, generation: u32, outcome: Result<Reply, Status>) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
         let slot = &self.slots[index];
         if slot
             .state
@@ -1285,6 +1295,8 @@ struct CallFuture {
     /// the others on the same executor without a thread hand-off. At most one call spins per
     /// connection; the reaper keeps off the ring meanwhile.
     spin_until: Option<Instant>,
+    /// `delivered` when the spin budget was last renewed.
+    progress: u64,
 }
 
 impl Future for CallFuture {
@@ -1368,8 +1380,18 @@ impl Future for CallFuture {
                         .is_ok()
                 {
                     this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
+                    this.progress = shared.delivered.load(Ordering::Relaxed);
                     // Get the reaper out of its wait (where it holds the ring).
                     netless_ring::ring(shared.conn.doorbell());
+                }
+                if this.spin_until.is_some() {
+                    // Replies are flowing (calls ahead of this one in the server's queue):
+                    // spinning still pays, so the budget runs from the latest reply.
+                    let delivered = shared.delivered.load(Ordering::Relaxed);
+                    if delivered != this.progress {
+                        this.progress = delivered;
+                        this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
+                    }
                 }
                 if this.spin_until.is_some_and(|t| Instant::now() < t) {
                     cx.waker().wake_by_ref();

@@ -7,7 +7,9 @@
 //!   over netless to a business-logic process (`GrpcServer`) pinned to the other.
 //!
 //! A closed-loop tonic client over TCP keeps `--in-flight` calls outstanding against each in
-//! turn (interleaved per point), for a ~1 KiB and a ~48 KiB message. Each point reports
+//! turn (interleaved per point), for a ~1 KiB and a ~48 KiB message. On a 2-core machine the
+//! client must share a core: it is pinned to the logic's core in both setups, so the gateway
+//! owns its core as in the paper (where clients are other machines). Each point reports
 //! throughput, p50/p90/p99 latency, and the CPU each process used (from /proc). The knee is
 //! the first W whose throughput falls below 80% of the best throughput at smaller W.
 
@@ -174,6 +176,13 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz)
 }
 
+/// A setup under test: its name, the client that reaches it, and its processes (by name).
+type Setup<'a> = (
+    &'static str,
+    &'a EchoClient<tonic::transport::Channel>,
+    Vec<(String, u32)>,
+);
+
 /// One measured point.
 #[derive(Clone, Debug, serde::Serialize)]
 struct Point {
@@ -273,6 +282,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (logic, _) = spawn_peer(&exe, &logic_args)?;
     let (gateway, gateway_addr): (Stoppable, String) = spawn_gateway(&exe, gateway_cpu)?;
     let me = std::process::id();
+    // The load generator lives on the logic's core in both setups (after the peers were
+    // spawned, so they do not inherit this): in the split setup the gateway owns its core,
+    // as in the paper, where clients are other machines.
+    if let Some(cpu) = logic_cpu {
+        netless_shm::pin_current_thread(cpu)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -291,7 +306,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let baseline_client = runtime.block_on(connect(baseline_addr))?;
     let split_client = runtime.block_on(connect(gateway_addr))?;
     let duration = Duration::from_millis(args.duration_ms);
-    let setups: [(&'static str, &EchoClient<_>, Vec<(String, u32)>); 2] = [
+    let setups: [Setup<'_>; 2] = [
         (
             "baseline",
             &baseline_client,
@@ -380,7 +395,9 @@ fn print_table(points: &[Point], in_flight: usize) {
         "netless bench split: business logic of W µs, {in_flight} calls in flight (closed loop)"
     );
     println!("baseline: one tonic process does HTTP/2 and the logic (both cores);");
-    println!("split: netless gateway (core A) → netless → logic process (core B)");
+    println!(
+        "split: netless gateway (core A) → netless → logic process (core B); client on core B"
+    );
     println!();
     println!(
         "{:>8} {:>6} {:>9} {:>11} {:>9} {:>9} {:>9}  cpu % of a core",
