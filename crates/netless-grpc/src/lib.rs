@@ -31,3 +31,8 @@ mod stream;
 pub use channel::Channel;
 pub use gateway::{tls_acceptor, Gateway};
 pub use server::{GrpcServer, GrpcServing};
+
+/// The README's examples (core and gRPC), compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

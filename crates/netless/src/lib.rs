@@ -49,8 +49,3 @@ pub use netless_ring::{WaitMode, WaitPolicy};
 pub use netless_shm::Acl;
 pub use server::{ConnectionWatch, DeferredReply, Handler, Server, ServerStats};
 pub use status::{Code, Status};
-
-/// The README's example, compiled and run as a doc test so it stays true.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;
