@@ -173,3 +173,71 @@ fn a_slow_reader_back_pressures_the_writer_and_dropping_cancels_on_both_transpor
         );
     }
 }
+
+/// Entry point of the reader process the next test kills (run only by it, via `--ignored`):
+/// opens a long stream over netless, reads one message, says so, and waits to be killed.
+#[test]
+#[ignore = "entry point of the reader process another test spawns"]
+fn stalled_reader_process_entry() {
+    let Some(dir) = std::env::var_os("NETLESS_STALLED_READER_DIR") else {
+        return;
+    };
+    runtime().block_on(async {
+        let config = netless::ClientConfig {
+            dir: Some(dir.into()),
+            ..Default::default()
+        };
+        let channel = Channel::connect_with("routeguide.RouteGuide", config).unwrap();
+        let mut stream = RouteGuideClient::new(channel)
+            .list_features(Rectangle {
+                lo: Some(grid_point(0)),
+                hi: Some(grid_point(99_999)),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        stream.next().await.unwrap().unwrap();
+        println!("\nREADING");
+        std::future::pending::<()>().await;
+    });
+}
+
+/// A client process killed mid-stream: the server sees its stream cancelled (its writer's
+/// channel closes) instead of waiting forever for a reader that is gone.
+#[test]
+fn a_killed_client_process_cancels_its_stream_on_the_server() {
+    let server = ServerProcess::start(
+        env!("CARGO_BIN_EXE_routeguide_server"),
+        &["--features", "100000"],
+    );
+    let mut reader = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "stalled_reader_process_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("NETLESS_STALLED_READER_DIR", &server.dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(reader.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("READING") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the reader exited before reading"
+        );
+    }
+    reader.kill().unwrap();
+    reader.wait().unwrap();
+    let event = server
+        .event(Duration::from_secs(10))
+        .expect("the server never saw the killed client's stream end");
+    assert!(
+        event.starts_with("list_features: client went away after "),
+        "{event}"
+    );
+}
