@@ -132,6 +132,9 @@ pub(crate) struct Shared {
     /// Async calls in their spin phase: they poll the ring themselves, so the reaper keeps
     /// off the ring (and the CPU) meanwhile.
     spinning: AtomicU32,
+    /// The spinner's role is held for the next call to adopt (its last holder got its reply
+    /// while other calls were outstanding): the reaper keeps off meanwhile.
+    role_vacant: AtomicBool,
     /// Replies delivered so far: a spinner keeps spinning while replies keep coming.
     delivered: AtomicU64,
     /// Calls given up on whose replies have not arrived yet: the reaper drains the ring for
@@ -278,6 +281,7 @@ impl Client {
             parked: AtomicU32::new(0),
             async_waiters: AtomicU32::new(0),
             spinning: AtomicU32::new(0),
+            role_vacant: AtomicBool::new(false),
             delivered: AtomicU64::new(0),
             abandoned: AtomicU32::new(0),
             stopping: AtomicBool::new(false),
@@ -940,7 +944,11 @@ impl Shared {
                 }
             }
         }
-        if self.async_waiters.load(Ordering::Acquire) > 0 {
+        // With a spinner, the reaper keeps off the ring anyway: waking it (a system call and
+        // a context switch) after every poll would cost more than the call.
+        if self.async_waiters.load(Ordering::Acquire) > 0
+            && self.spinning.load(Ordering::Acquire) == 0
+        {
             if let Some(t) = lock(&self.reaper_thread).as_ref() {
                 t.unpark();
             }
@@ -1126,6 +1134,7 @@ impl Shared {
             spin: self.config.wait.spin.min(Duration::from_micros(20)),
             ..self.config.wait
         };
+        let mut vacant_seen = false;
         while !self.stopping.load(Ordering::Acquire) {
             if self.async_waiters.load(Ordering::Acquire) == 0
                 && self.abandoned.load(Ordering::Acquire) == 0
@@ -1134,11 +1143,28 @@ impl Shared {
                 continue;
             }
             if self.spinning.load(Ordering::Acquire) > 0 {
-                // Spinning calls poll the ring themselves; stay off it and off the CPU.
+                // Spinning calls poll the ring themselves; stay off it and off the CPU. A
+                // role left vacant for a whole check (nobody adopted it) is taken back.
+                if self.role_vacant.load(Ordering::Acquire) {
+                    if vacant_seen
+                        && self
+                            .role_vacant
+                            .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok()
+                    {
+                        self.spinning.store(0, Ordering::Release);
+                        vacant_seen = false;
+                        continue;
+                    }
+                    vacant_seen = true;
+                } else {
+                    vacant_seen = false;
+                }
                 self.expire_async();
                 thread::park_timeout(SPINNER_CHECK);
                 continue;
             }
+            vacant_seen = false;
             let Some(mut consumer) = self.consumer.try_lock() else {
                 // A blocking caller holds the ring (and may for long): async deadlines are
                 // still ours to enforce. It unparks us when it lets go.
@@ -1372,17 +1398,27 @@ impl Future for CallFuture {
                     };
                     return finish(this, result);
                 }
-                if this.may_spin
-                    && this.spin_until.is_none()
-                    && shared
-                        .spinning
-                        .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                {
-                    this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
-                    this.progress = shared.delivered.load(Ordering::Relaxed);
-                    // Get the reaper out of its wait (where it holds the ring).
-                    netless_ring::ring(shared.conn.doorbell());
+                if this.spin_until.is_none() {
+                    // Adopt a vacant role (held for us, the reaper is off the ring), or take a
+                    // free one.
+                    let adopted = shared
+                        .role_vacant
+                        .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok();
+                    let claimed = !adopted
+                        && this.may_spin
+                        && shared
+                            .spinning
+                            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok();
+                    if adopted || claimed {
+                        this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
+                        this.progress = shared.delivered.load(Ordering::Relaxed);
+                    }
+                    if claimed {
+                        // Get the reaper out of its wait (where it holds the ring).
+                        netless_ring::ring(shared.conn.doorbell());
+                    }
                 }
                 if this.spin_until.is_some() {
                     // Replies are flowing (calls ahead of this one in the server's queue):
@@ -1415,14 +1451,18 @@ impl CallFuture {
     fn stop_spinning(&mut self, hand_to_reaper: bool) {
         if self.spin_until.take().is_some() {
             let shared = &self.client.handle.shared;
+            if !hand_to_reaper && shared.async_waiters.load(Ordering::Acquire) > 0 {
+                // Pass the role on without letting go of it (the reaper would otherwise
+                // take the ring in the gap): a waiting call's task adopts it when polled.
+                shared.role_vacant.store(true, Ordering::Release);
+                shared.nudge_one_async();
+                return;
+            }
             shared.spinning.store(0, Ordering::Release);
             if hand_to_reaper {
                 if let Some(t) = lock(&shared.reaper_thread).as_ref() {
                     t.unpark();
                 }
-            } else if shared.async_waiters.load(Ordering::Acquire) > 0 {
-                // Pass the role on: a waiting call's task, once polled, takes it.
-                shared.nudge_one_async();
             }
         }
     }
