@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 use netless::{Metadata, Request, ResponseBuilder, Server, ServerConfig, Status};
 use tonic::server::NamedService;
-use tonic::service::Routes;
+use tower::ServiceExt as _;
 use tower_service::Service;
 
 use crate::mapping::{format_grpc_timeout, frame_now, metadata_to_headers, trailers_to_metadata};
@@ -25,7 +25,6 @@ use crate::session::{response_head, Sessions};
 /// Builds and serves a set of tonic services over netless.
 ///
 /// ```no_run
-/// # fn svc() -> tonic::service::Routes { tonic::service::Routes::default() }
 /// let serving = netless_grpc::GrpcServer::new()
 ///     // .add_service(GreeterServer::new(MyGreeter::default()))
 ///     .serve()?;
@@ -34,8 +33,7 @@ use crate::session::{response_head, Sessions};
 /// ```
 #[derive(Default)]
 pub struct GrpcServer {
-    routes: Routes,
-    names: Vec<&'static str>,
+    services: Vec<(&'static str, GrpcService)>,
     config: ServerConfig,
     runtime_threads: Option<usize>,
 }
@@ -72,8 +70,8 @@ impl GrpcServer {
             + 'static,
         S::Future: Send + 'static,
     {
-        self.names.push(S::NAME);
-        self.routes = self.routes.add_service(service);
+        // Each netless server serves one service, so calls go straight to it: no router.
+        self.services.push((S::NAME, GrpcService::new(service)));
         self
     }
 
@@ -85,17 +83,19 @@ impl GrpcServer {
             .enable_all()
             .build()
             .map_err(|e| Status::resource_exhausted(format!("tokio runtime: {e}")))?;
-        let shared = Arc::new(Shared {
-            routes: self.routes,
-            sessions: Arc::default(),
-            runtime: runtime.handle().clone(),
-        });
-        runtime.spawn(Sessions::sweep(Arc::downgrade(&shared.sessions)));
+        let sessions: Arc<Sessions> = Arc::default();
+        runtime.spawn(Sessions::sweep(Arc::downgrade(&sessions)));
+        let mut shareds = Vec::new();
         let servers = self
-            .names
-            .iter()
-            .map(|name| {
-                let shared = shared.clone();
+            .services
+            .into_iter()
+            .map(|(name, service)| {
+                let shared = Arc::new(Shared {
+                    service,
+                    sessions: sessions.clone(),
+                    runtime: runtime.handle().clone(),
+                });
+                shareds.push(shared.clone());
                 Server::bind(
                     name,
                     self.config.clone(),
@@ -107,7 +107,7 @@ impl GrpcServer {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(GrpcServing {
             servers,
-            shared,
+            sessions,
             runtime: Some(runtime),
         })
     }
@@ -116,7 +116,7 @@ impl GrpcServer {
 /// Serving tonic services over netless; stops when dropped.
 pub struct GrpcServing {
     servers: Vec<Server>,
-    shared: Arc<Shared>,
+    sessions: Arc<Sessions>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -128,7 +128,7 @@ impl GrpcServing {
 
     /// Streams open right now.
     pub fn open_streams(&self) -> usize {
-        self.shared.sessions.len()
+        self.sessions.len()
     }
 
     /// Blocks until the servers stop (for `main` of a server process).
@@ -157,8 +157,15 @@ impl std::fmt::Debug for GrpcServing {
     }
 }
 
+/// A tonic-generated service, type-erased.
+type GrpcService = tower::util::BoxCloneSyncService<
+    http::Request<tonic::body::Body>,
+    http::Response<tonic::body::Body>,
+    Infallible,
+>;
+
 struct Shared {
-    routes: Routes,
+    service: GrpcService,
     sessions: Arc<Sessions>,
     runtime: tokio::runtime::Handle,
 }
@@ -181,9 +188,9 @@ impl Shared {
         if req.metadata.get(MORE).is_some() {
             return self.open_client_stream(request, req.payload, resp);
         }
-        let mut routes = self.routes.clone();
+        let service = self.service.clone();
         let ready = self.runtime.block_on(async move {
-            let Ok(response) = routes.call(request).await;
+            let Ok(response) = service.oneshot(request).await;
             let (parts, mut body) = response.into_parts();
             let mut data = Vec::new();
             loop {
@@ -271,11 +278,11 @@ impl Shared {
         let session = self.sessions.open(reply.watch());
         *request.body_mut() =
             tonic::body::Body::new(session.request_body(Bytes::copy_from_slice(first)));
-        let mut routes = self.routes.clone();
+        let service = self.service.clone();
         let task = {
             let session = session.clone();
             self.runtime.spawn(async move {
-                let Ok(response) = routes.call(request).await;
+                let Ok(response) = service.oneshot(request).await;
                 let (parts, body) = response.into_parts();
                 let trailers_only = parts.headers.contains_key("grpc-status");
                 session.set_head(&parts.headers);
