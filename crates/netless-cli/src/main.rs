@@ -57,7 +57,10 @@ enum PeerCommand {
         pin_cpu: Option<usize>,
     },
     /// The whole split-bench service in one tonic process.
-    SplitBaseline,
+    SplitBaseline {
+        #[arg(long)]
+        pin_cpu: Option<usize>,
+    },
     /// The split bench's business logic, on netless.
     SplitLogic {
         #[arg(long)]
@@ -81,8 +84,8 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Echo(args)) => bench::echo::run(args),
         Command::Bench(BenchCommand::Grpc(args)) => bench::grpc::run(args),
         Command::Bench(BenchCommand::Split(args)) => bench::split::run(args),
-        Command::BenchPeer(PeerCommand::SplitBaseline) => {
-            bench::split::serve_baseline().map(|()| ExitCode::SUCCESS)
+        Command::BenchPeer(PeerCommand::SplitBaseline { pin_cpu }) => {
+            bench::split::serve_baseline(pin_cpu).map(|()| ExitCode::SUCCESS)
         }
         Command::BenchPeer(PeerCommand::SplitLogic { pin_cpu }) => {
             bench::split::serve_logic(pin_cpu).map(|()| ExitCode::SUCCESS)

@@ -1,15 +1,15 @@
 //! `netless bench split`: Split gRPC's Figure 2 on one host. The same echo service, whose
 //! business logic is a busy loop of W µs (request metadata `x-work-ns`), is served
 //!
-//! - **baseline**: by one plain tonic server process doing everything (HTTP/2 and logic),
-//!   free to use both cores;
-//! - **split**: by `netless gateway` pinned to one core (HTTP/2, TLS-less here) forwarding
-//!   over netless to a business-logic process (`GrpcServer`) pinned to the other.
+//! - **baseline**: by one plain tonic server process doing everything (HTTP/2 and logic) on
+//!   one core, the paper's host core;
+//! - **split**: by `netless gateway` pinned to the other core (HTTP/2, TLS-less here)
+//!   forwarding over netless to a business-logic process (`GrpcServer`) on the host core.
 //!
 //! A closed-loop tonic client over TCP keeps `--in-flight` calls outstanding against each in
 //! turn (interleaved per point), for a ~1 KiB and a ~48 KiB message. On a 2-core machine the
-//! client must share a core: it is pinned to the logic's core in both setups, so the gateway
-//! owns its core as in the paper (where clients are other machines). Each point reports
+//! client must share a core: it is pinned to the gateway's core in both setups (in the paper
+//! it is another machine), which handicaps the split. Each point reports
 //! throughput, p50/p90/p99 latency, and the CPU each process used (from /proc). The knee is
 //! the first W whose throughput falls below 80% of the best throughput at smaller W.
 
@@ -67,9 +67,14 @@ impl Echo for WorkEcho {
     }
 }
 
-/// `bench-peer split-baseline`: the whole service in one tonic process, on every core.
-pub fn serve_baseline() -> anyhow::Result<()> {
+/// `bench-peer split-baseline [--pin-cpu N]`: the whole service in one tonic process, on the
+/// one core the business logic gets in the split setup.
+pub fn serve_baseline(pin_cpu: Option<usize>) -> anyhow::Result<()> {
+    if let Some(cpu) = pin_cpu {
+        netless_shm::pin_current_thread(cpu)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
     runtime.block_on(async {
@@ -273,19 +278,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         [a, b, ..] => (Some(*a), Some(*b)),
         _ => (None, None),
     };
-    let (baseline, baseline_addr) = spawn_peer(&exe, &["split-baseline"])?;
     let logic_cpu_arg = logic_cpu.map(|c| c.to_string());
+    let mut baseline_args = vec!["split-baseline"];
     let mut logic_args = vec!["split-logic"];
     if let Some(cpu) = &logic_cpu_arg {
+        baseline_args.extend(["--pin-cpu", cpu]);
         logic_args.extend(["--pin-cpu", cpu]);
     }
+    let (baseline, baseline_addr) = spawn_peer(&exe, &baseline_args)?;
     let (logic, _) = spawn_peer(&exe, &logic_args)?;
     let (gateway, gateway_addr): (Stoppable, String) = spawn_gateway(&exe, gateway_cpu)?;
     let me = std::process::id();
-    // The load generator lives on the logic's core in both setups (after the peers were
-    // spawned, so they do not inherit this): in the split setup the gateway owns its core,
-    // as in the paper, where clients are other machines.
-    if let Some(cpu) = logic_cpu {
+    // As in the paper, the server side gets one host core in the baseline, and the split
+    // adds a core for the gateway. The load generator (another machine in the paper) must
+    // live somewhere: on the gateway's core, in both setups (pinned after the peers were
+    // spawned, so they do not inherit it). This handicaps the split, whose gateway shares
+    // its core with the client, and not the baseline.
+    if let Some(cpu) = gateway_cpu {
         netless_shm::pin_current_thread(cpu)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
