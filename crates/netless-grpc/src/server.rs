@@ -20,7 +20,7 @@ use crate::mapping::{format_grpc_timeout, frame_now, metadata_to_headers, traile
 use crate::protocol::{
     split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
 };
-use crate::session::{response_head, Sessions};
+use crate::session::{response_head, Sessions, MAX_DELIVERY};
 
 /// Builds and serves a set of tonic services over netless.
 ///
@@ -257,9 +257,11 @@ impl Shared {
                 let session = self.sessions.open(reply.watch());
                 let mut metadata = metadata;
                 metadata.insert(SESSION, session.id.to_string());
+                let first = ready.data.len().min(MAX_DELIVERY);
+                session.preload(&ready.data[first..]);
                 let task = self.runtime.spawn(session.clone().pump(body));
                 session.set_task(task.abort_handle());
-                if reply.send(&metadata, &ready.data).is_err() {
+                if reply.send(&metadata, &ready.data[..first]).is_err() {
                     session.cancel("the client's connection closed");
                 }
                 Ok(())

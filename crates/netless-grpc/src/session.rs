@@ -104,6 +104,9 @@ pub(crate) struct Session {
     task: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
+/// Most response bytes one `recv` reply carries (well under the default 4 MiB limit).
+pub(crate) const MAX_DELIVERY: usize = 1 << 20;
+
 #[derive(Default)]
 struct Outbound {
     /// Response headers not yet delivered.
@@ -131,8 +134,15 @@ impl Outbound {
                 metadata.insert(k, v);
             }
         }
-        let data = std::mem::take(&mut self.data);
-        let ended = match self.trailers.take() {
+        // At most MAX_DELIVERY bytes a reply, so a reply always fits the client's limit on
+        // message size; the trailers go with the last bytes.
+        let data = if self.data.len() > MAX_DELIVERY {
+            let rest = self.data.split_off(MAX_DELIVERY);
+            std::mem::replace(&mut self.data, rest)
+        } else {
+            std::mem::take(&mut self.data)
+        };
+        let ended = match self.trailers.take_if(|_| self.data.is_empty()) {
             Some(trailers) => {
                 for (k, v) in trailers.iter() {
                     metadata.insert(k, v);
@@ -176,6 +186,11 @@ impl Session {
         out.headers = Some(headers);
         out.trailers = trailers;
         self.deliver(out);
+    }
+
+    /// Response bytes produced before the stream began that did not fit its first reply.
+    pub(crate) fn preload(&self, data: &[u8]) {
+        lock(&self.out).data.extend_from_slice(data);
     }
 
     /// Answers a `recv`: now if there is something to deliver, else when there is.
@@ -414,4 +429,31 @@ pub(crate) fn status_trailers(status: &Status) -> HeaderMap {
     let mut trailers = HeaderMap::new();
     let _ = tonic::Status::new(code, status.message()).add_header(&mut trailers);
     trailers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_are_capped_and_the_trailers_come_with_the_last_bytes() {
+        let mut out = Outbound {
+            headers: Some(Metadata::new()),
+            data: vec![7; 2 * MAX_DELIVERY + 100],
+            ..Outbound::default()
+        };
+        let mut trailers = Metadata::new();
+        trailers.insert("trailer/grpc-status", "0");
+        out.trailers = Some(trailers);
+        let (md, data, ended) = out.take_delivery().unwrap();
+        assert!(md.get(HEADERS).is_some());
+        assert_eq!((data.len(), ended), (MAX_DELIVERY, false));
+        let (md, data, ended) = out.take_delivery().unwrap();
+        assert!(md.get(HEADERS).is_none() && md.get(END).is_none());
+        assert_eq!((data.len(), ended), (MAX_DELIVERY, false));
+        let (md, data, ended) = out.take_delivery().unwrap();
+        assert_eq!((data.len(), ended), (100, true));
+        assert_eq!(md.get("trailer/grpc-status"), Some(&b"0"[..]));
+        assert!(out.take_delivery().is_none());
+    }
 }
