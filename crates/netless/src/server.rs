@@ -284,33 +284,36 @@ impl Server {
         });
         let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
             .map_err(|e| Status::resource_exhausted(format!("eventfd: {e}")))?;
-        let mut threads = Vec::new();
-        for worker in 0..shared.config.workers {
-            let shared = shared.clone();
+        // Built before the threads, so that if a spawn fails, dropping it stops and joins the
+        // threads already running and removes the socket.
+        let mut server = Server {
+            shared,
+            threads: Vec::new(),
+            stop,
+        };
+        for worker in 0..server.shared.config.workers {
+            let shared = server.shared.clone();
             let spawned = thread::Builder::new()
                 .name(format!("netless-worker-{worker}"))
                 .spawn(move || shared.work(worker));
-            threads.push(
+            server.threads.push(
                 spawned.map_err(|e| Status::resource_exhausted(format!("spawn worker: {e}")))?,
             );
         }
         {
-            let shared = shared.clone();
-            let stop = stop
+            let shared = server.shared.clone();
+            let stop = server
+                .stop
                 .try_clone()
                 .map_err(|e| Status::resource_exhausted(format!("dup: {e}")))?;
             let spawned = thread::Builder::new()
                 .name("netless-acceptor".into())
                 .spawn(move || shared.accept_loop(listener, stop));
-            threads.push(
+            server.threads.push(
                 spawned.map_err(|e| Status::resource_exhausted(format!("spawn acceptor: {e}")))?,
             );
         }
-        Ok(Server {
-            shared,
-            threads,
-            stop,
-        })
+        Ok(server)
     }
 
     /// The service name.
