@@ -60,6 +60,15 @@ where
         "{transport}: {err:?}"
     );
 
+    // A message of 3 MiB each way (under tonic's 4 MiB default limit): on netless it travels
+    // in fragments and, past the stream window, as a stream of capped replies.
+    let big = "x".repeat(3 << 20);
+    let reply = client
+        .say_hello(HelloRequest { name: big.clone() })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_ref().message.len(), big.len() + 7, "{transport}");
+
     // Still healthy after an error and a timeout.
     let reply = client
         .say_hello(HelloRequest {
