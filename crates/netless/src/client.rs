@@ -222,6 +222,7 @@ impl Client {
             &socket,
             &Frame::Hello {
                 version: PROTOCOL_VERSION,
+                max_message: u32::try_from(config.max_message).unwrap_or(u32::MAX),
             }
             .encode(),
             &[conn.segment().fd()],

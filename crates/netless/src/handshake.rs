@@ -18,7 +18,7 @@ const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
 const GREETING: u8 = 5;
 /// Protocol version carried in `Hello` and `Welcome`.
-pub(crate) const PROTOCOL_VERSION: u32 = 1;
+pub(crate) const PROTOCOL_VERSION: u32 = 2;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +28,9 @@ pub(crate) enum Frame {
     },
     Hello {
         version: u32,
+        /// The largest response body the client accepts: the server answers a call whose
+        /// reply would be larger with `RESOURCE_EXHAUSTED` instead.
+        max_message: u32,
     },
     Welcome {
         version: u32,
@@ -43,9 +46,13 @@ impl Frame {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(32);
         match self {
-            Frame::Hello { version } => {
+            Frame::Hello {
+                version,
+                max_message,
+            } => {
                 out.push(HELLO);
                 out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&max_message.to_le_bytes());
             }
             Frame::Greeting { version } => {
                 out.push(GREETING);
@@ -85,8 +92,9 @@ impl Frame {
             GREETING if rest.len() == 4 => Some(Frame::Greeting {
                 version: u32_at(0)?,
             }),
-            HELLO if rest.len() == 4 => Some(Frame::Hello {
+            HELLO if rest.len() == 8 => Some(Frame::Hello {
                 version: u32_at(0)?,
+                max_message: u32_at(4)?,
             }),
             WELCOME if rest.len() == 20 => Some(Frame::Welcome {
                 version: u32_at(0)?,
@@ -116,7 +124,10 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         for f in [
-            Frame::Hello { version: 1 },
+            Frame::Hello {
+                version: 1,
+                max_message: 4 << 20,
+            },
             Frame::Greeting { version: 1 },
             Frame::Welcome {
                 version: 1,

@@ -173,6 +173,8 @@ struct Conn {
     socket: UnixStream,
     dead: AtomicBool,
     partials: Mutex<HashMap<u64, Partial>>,
+    /// The largest response body this client accepts (from its `Hello`).
+    client_max: usize,
 }
 
 /// A worker's reusable response buffers, so a steady stream of calls allocates nothing.
@@ -536,15 +538,18 @@ impl ServerShared {
         };
         send_frame(&socket, &greeting.encode(), &[]).ok()?;
         let (bytes, mut fds) = recv_frame(&socket, 1).ok()?;
-        match Frame::decode(&bytes) {
-            Some(Frame::Hello { version }) if version == PROTOCOL_VERSION => {}
-            Some(Frame::Hello { version }) => {
+        let client_max = match Frame::decode(&bytes) {
+            Some(Frame::Hello {
+                version,
+                max_message,
+            }) if version == PROTOCOL_VERSION => max_message as usize,
+            Some(Frame::Hello { version, .. }) => {
                 return reject(Status::unavailable(format!(
                     "client speaks netless protocol {version}, server {PROTOCOL_VERSION}"
                 )))
             }
             _ => return reject(Status::invalid_argument("malformed handshake")),
-        }
+        };
         let Some(fd) = fds.pop() else {
             return reject(Status::invalid_argument(
                 "the hello carried no connection segment",
@@ -575,6 +580,7 @@ impl ServerShared {
             socket,
             dead: AtomicBool::new(false),
             partials: Mutex::new(HashMap::new()),
+            client_max,
         });
         *self.slots[index]
             .conn
@@ -998,6 +1004,24 @@ impl ServerShared {
         payload: &[u8],
     ) -> Result<(), &'static str> {
         let md_len = metadata.encoded_len();
+        if md_len + payload.len() > conn.client_max {
+            // The client would refuse it as malformed (and drop the connection): fail this
+            // call instead, saying why.
+            let mut message = format!(
+                "the reply of {} bytes exceeds this client's limit of {} bytes: raise ClientConfig::max_message",
+                md_len + payload.len(),
+                conn.client_max
+            );
+            // ASCII, so any cut is at a character boundary; short enough not to recurse.
+            message.truncate(conn.client_max);
+            return self.respond(
+                conn,
+                call_id,
+                Code::ResourceExhausted,
+                &Metadata::new(),
+                message.as_bytes(),
+            );
+        }
         let md_bytes;
         let md_slice: &[u8] = if md_len == 0 {
             &[]

@@ -1,5 +1,6 @@
-//! Deferred replies: a handler hands its call to another thread and returns; the reply
-//! arrives later, in any order, while the single worker keeps serving.
+//! Replies out of the ordinary: deferred ones (a handler hands its call to another thread and
+//! returns; the reply arrives later, in any order, while the single worker keeps serving),
+//! and ones too large for the client (that call fails, the connection stays).
 
 mod common;
 
@@ -78,4 +79,38 @@ fn a_builder_not_made_by_a_server_cannot_defer() {
         builder.defer().unwrap_err().code(),
         Code::FailedPrecondition
     );
+}
+
+#[test]
+fn a_reply_larger_than_the_client_accepts_fails_that_call_only() {
+    let dir = TestDir::new("bigreply");
+    let service = "test.BigReply";
+    let server = Server::bind(
+        service,
+        server_config(dir.path()),
+        |req: &Request<'_>, resp: &mut ResponseBuilder<'_>| -> Result<(), Status> {
+            let n: usize = std::str::from_utf8(req.payload).unwrap().parse().unwrap();
+            resp.payload.resize(n, 7);
+            Ok(())
+        },
+    )
+    .unwrap();
+    let client = Client::connect_with(
+        service,
+        netless::ClientConfig {
+            max_message: 64 * 1024,
+            ..client_config(dir.path())
+        },
+    )
+    .unwrap();
+    let opts = CallOptions::new().timeout(Duration::from_secs(10));
+    let err = client.call("M", b"100000", &opts).unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("ClientConfig::max_message"), "{err}");
+    // The connection is still good.
+    assert_eq!(
+        client.call("M", b"1000", &opts).unwrap().payload.len(),
+        1000
+    );
+    drop(server);
 }
