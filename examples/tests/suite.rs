@@ -250,3 +250,78 @@ fn a_killed_client_process_cancels_its_stream_on_the_server() {
         "{event}"
     );
 }
+
+/// A server holds a bounded number of streams: one more fails at once with
+/// `RESOURCE_EXHAUSTED`, and finishing a stream makes room again.
+#[test]
+fn streams_beyond_the_server_limit_are_refused_with_resource_exhausted() {
+    use netless_examples::routeguide::RouteGuideService;
+    use netless_examples::routeguide_pb::route_guide_server::RouteGuideServer;
+    use netless_examples::routeguide_pb::Point;
+
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "nl-ex-lim-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let serving = netless_grpc::GrpcServer::new()
+        .config(netless::ServerConfig {
+            dir: Some(dir.clone()),
+            ..Default::default()
+        })
+        .max_streams(2)
+        .add_service(RouteGuideServer::new(RouteGuideService::new(
+            10,
+            std::sync::Arc::new(|_| {}),
+        )))
+        .serve()
+        .unwrap();
+    runtime().block_on(async {
+        let config = netless::ClientConfig {
+            dir: Some(dir.clone()),
+            ..Default::default()
+        };
+        let client =
+            RouteGuideClient::new(Channel::connect_with("routeguide.RouteGuide", config).unwrap());
+        // Two client streams that stay open.
+        let mut open = Vec::new();
+        for _ in 0..2 {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Point>(1);
+            let mut client = client.clone();
+            let call = tokio::spawn(async move {
+                client
+                    .record_route(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await
+            });
+            open.push((tx, call));
+        }
+        // Let both reach the server.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (_tx, rx) = tokio::sync::mpsc::channel::<Point>(1);
+        let err = client
+            .clone()
+            .record_route(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+        assert!(err.message().contains("streams open"), "{err:?}");
+        // Finishing one makes room.
+        let (tx, call) = open.pop().unwrap();
+        drop(tx);
+        assert_eq!(call.await.unwrap().unwrap().into_inner().point_count, 0);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Point>(1);
+        let mut again = client.clone();
+        let call = tokio::spawn(async move {
+            again
+                .record_route(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+        });
+        drop(tx);
+        assert_eq!(call.await.unwrap().unwrap().into_inner().point_count, 0);
+        drop(open);
+    });
+    drop(serving);
+    let _ = std::fs::remove_dir_all(&dir);
+}

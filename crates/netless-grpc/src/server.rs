@@ -20,7 +20,7 @@ use crate::mapping::{format_grpc_timeout, frame_now, metadata_to_headers, traile
 use crate::protocol::{
     split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
 };
-use crate::session::{response_head, Sessions, MAX_DELIVERY};
+use crate::session::{response_head, Sessions, MAX_DELIVERY, MAX_SESSIONS};
 
 /// Builds and serves a set of tonic services over netless.
 ///
@@ -34,6 +34,7 @@ use crate::session::{response_head, Sessions, MAX_DELIVERY};
 #[derive(Default)]
 pub struct GrpcServer {
     services: Vec<(&'static str, GrpcService)>,
+    max_streams: Option<usize>,
     config: ServerConfig,
     runtime_threads: Option<usize>,
 }
@@ -47,6 +48,13 @@ impl GrpcServer {
     /// The netless configuration each service's server uses.
     pub fn config(mut self, config: ServerConfig) -> GrpcServer {
         self.config = config;
+        self
+    }
+
+    /// Most streams open at once across this server's services (default 16 384); a call that
+    /// would open one more fails with `RESOURCE_EXHAUSTED`.
+    pub fn max_streams(mut self, max: usize) -> GrpcServer {
+        self.max_streams = Some(max);
         self
     }
 
@@ -83,7 +91,7 @@ impl GrpcServer {
             .enable_all()
             .build()
             .map_err(|e| Status::resource_exhausted(format!("tokio runtime: {e}")))?;
-        let sessions: Arc<Sessions> = Arc::default();
+        let sessions = Arc::new(Sessions::new(self.max_streams.unwrap_or(MAX_SESSIONS)));
         runtime.spawn(Sessions::sweep(Arc::downgrade(&sessions)));
         let mut shareds = Vec::new();
         let servers = self
@@ -254,7 +262,10 @@ impl Shared {
                 // The response goes on: the rest streams through a session.
                 let metadata = std::mem::take(&mut resp.metadata);
                 let reply = resp.defer()?;
-                let session = self.sessions.open(reply.watch());
+                let session = match self.sessions.open(reply.watch()) {
+                    Ok(session) => session,
+                    Err(status) => return reply.fail(&status).or(Ok(())),
+                };
                 let mut metadata = metadata;
                 metadata.insert(SESSION, session.id.to_string());
                 let first = ready.data.len().min(MAX_DELIVERY);
@@ -277,7 +288,10 @@ impl Shared {
         resp: &mut ResponseBuilder<'_>,
     ) -> Result<(), Status> {
         let reply = resp.defer()?;
-        let session = self.sessions.open(reply.watch());
+        let session = match self.sessions.open(reply.watch()) {
+            Ok(session) => session,
+            Err(status) => return reply.fail(&status).or(Ok(())),
+        };
         *request.body_mut() =
             tonic::body::Body::new(session.request_body(Bytes::copy_from_slice(first)));
         let service = self.service.clone();

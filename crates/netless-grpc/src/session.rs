@@ -28,16 +28,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Default for the most streams one [`crate::GrpcServer`] keeps open: each holds a task and
+/// up to two windows of buffered bytes, so a client opening streams without end meets
+/// `RESOURCE_EXHAUSTED`.
+pub(crate) const MAX_SESSIONS: usize = 16_384;
+
 /// The live streams of one [`crate::GrpcServer`].
-#[derive(Default)]
 pub(crate) struct Sessions {
     map: Mutex<HashMap<u64, Arc<Session>>>,
     next: AtomicU64,
+    max: usize,
 }
 
 impl Sessions {
+    /// No sessions yet; at most `max` at once.
+    pub(crate) fn new(max: usize) -> Sessions {
+        Sessions {
+            map: Mutex::default(),
+            next: AtomicU64::new(0),
+            max,
+        }
+    }
+
     /// A new session for the client behind `watch`, registered under a fresh id.
-    pub(crate) fn open(self: &Arc<Self>, watch: ConnectionWatch) -> Arc<Session> {
+    pub(crate) fn open(self: &Arc<Self>, watch: ConnectionWatch) -> Result<Arc<Session>, Status> {
+        if self.len() >= self.max {
+            return Err(Status::resource_exhausted(format!(
+                "this server already has {} streams open: retry later, or finish or cancel streams",
+                self.max
+            )));
+        }
         // Ids need not be secret (a session only answers its own connection), only unique.
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let session = Arc::new(Session {
@@ -49,7 +69,7 @@ impl Sessions {
             task: Mutex::default(),
         });
         lock(&self.map).insert(id, session.clone());
-        session
+        Ok(session)
     }
 
     /// The session `id`, if it is live and belongs to `reply`'s connection.
