@@ -71,7 +71,8 @@ fn serve(fd: i32) {
     let queue = unsafe { ReceiveQueue::attach(at(&segment, QUEUE_OFFSET), queue_len) }
         .expect("attach the receive queue");
     let ring_len = SEGMENT_BYTES - RING_OFFSET;
-    // SAFETY: as above for the ring region; this process is its only producer.
+    // SAFETY: the ring region lies inside the mapping, which outlives `producer`; this
+    // process is its only producer.
     let mut producer = unsafe { ResponseRing::attach(at(&segment, RING_OFFSET), ring_len) }
         .expect("attach the response ring");
     let head = ConsumerHead::new();
@@ -100,8 +101,9 @@ fn measure() {
     let queue = unsafe { ReceiveQueue::init(at(&segment, QUEUE_OFFSET), queue_len, QUEUE_CELLS) }
         .expect("initialise the receive queue");
     let ring_len = SEGMENT_BYTES - RING_OFFSET;
-    // SAFETY: as above for the ring region; this process is its only consumer.
     let mut consumer =
+        // SAFETY: the ring region lies inside the fresh mapping, which outlives `consumer`;
+        // this process is its only consumer.
         unsafe { ResponseRing::init(at(&segment, RING_OFFSET), ring_len, RING_SLOTS) }
             .expect("initialise the response ring");
 

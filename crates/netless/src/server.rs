@@ -1034,11 +1034,11 @@ impl ServerShared {
         let body_len = md_len + payload.len();
         let mut guard;
         let producer = if self.workers.len() == 1 && !self.deferring.load(Ordering::Relaxed) {
-            // No lock, so no locked instruction stalling on this core's pending stores.
-            // SAFETY: with a single worker and no deferred replies, only this thread ever
-            // touches a connection's producer (the acceptor and shutdown never do). The
+            // No lock, so no locked instruction stalling on this core's pending stores. The
             // worker itself sets `deferring` before the first DeferredReply exists, so once
             // another thread may reply, this worker sees the flag and locks too.
+            // SAFETY: one worker and no deferred replies: no other thread ever touches a
+            // connection's producer (the acceptor and shutdown never do).
             unsafe { conn.producer.get_unsynchronized() }
         } else {
             guard = conn.producer.lock();
