@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderValue};
 use netless::{CallOptions, Client, ClientConfig, Metadata, Reply, Status};
 
 use crate::mapping::{
-    frame_now, headers_to_metadata, metadata_to_headers, parse_grpc_timeout, ReplyBody,
+    headers_to_metadata, metadata_to_headers, parse_grpc_timeout, take_ready, ReplyBody,
 };
 use crate::protocol::{session_of, HEADERS, MORE, WINDOW};
 use crate::stream::{ClientStream, StreamBody};
@@ -63,7 +63,11 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Channel {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> ResponseFuture {
         let client = self.client.clone();
-        Box::pin(async move { Ok(call(client, request).await.unwrap_or_else(status_response)) })
+        Box::pin(async move {
+            Ok(call(client, request)
+                .await
+                .unwrap_or_else(|status| status_response(&status)))
+        })
     }
 }
 
@@ -81,26 +85,14 @@ async fn call(
         .and_then(|v| parse_grpc_timeout(v.as_bytes()));
     // What of the request is ready now: all of it for a unary call.
     let mut bytes = Vec::new();
-    let ended = loop {
-        match frame_now(&mut body).await {
-            Some(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    bytes.extend_from_slice(&data);
-                }
-                if bytes.len() >= WINDOW {
-                    break false;
-                }
-            }
-            Some(Some(Err(e))) => {
-                return Err(Status::new(
-                    netless::Code::Cancelled,
-                    format!("the request stream failed: {e}"),
-                ))
-            }
-            Some(None) => break true,
-            None => break false,
-        }
-    };
+    let ended = take_ready(&mut body, WINDOW, &mut bytes)
+        .await
+        .map_err(|e| {
+            Status::new(
+                netless::Code::Cancelled,
+                format!("the request stream failed: {e}"),
+            )
+        })?;
     if !ended {
         metadata.insert(MORE, "1");
     }
@@ -147,7 +139,7 @@ fn unary_response(reply: Reply) -> http::Response<tonic::body::Body> {
 }
 
 /// A trailers-only gRPC response carrying `status`.
-pub(crate) fn status_response(status: Status) -> http::Response<tonic::body::Body> {
+pub(crate) fn status_response(status: &Status) -> http::Response<tonic::body::Body> {
     let code = tonic::Code::from_i32(i32::from(status.code() as u16));
     let grpc = tonic::Status::new(code, status.message());
     let mut headers = HeaderMap::new();

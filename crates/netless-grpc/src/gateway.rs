@@ -28,6 +28,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 use tower_service::Service;
 
+use crate::channel::status_response;
 use crate::Channel;
 
 /// Forwards gRPC calls from HTTP/2 to netless services. Cheap to clone.
@@ -196,10 +197,6 @@ impl Gateway {
 fn service_of(path: &str) -> Option<&str> {
     let (service, method) = path.strip_prefix('/')?.split_once('/')?;
     (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some(service)
-}
-
-fn status_response(status: &Status) -> http::Response<tonic::body::Body> {
-    crate::channel::status_response(status.clone())
 }
 
 /// A TLS acceptor (HTTP/2 by ALPN) from a PEM certificate chain and a PEM private key.

@@ -108,6 +108,32 @@ where
     .await
 }
 
+/// Appends the data `body` has ready now to `out`, until `out` holds `limit` bytes: returns
+/// whether the body ended (`Ok(true)`), has more to come (`Ok(false)`), or failed.
+pub(crate) async fn take_ready<B>(
+    body: &mut B,
+    limit: usize,
+    out: &mut Vec<u8>,
+) -> Result<bool, B::Error>
+where
+    B: http_body::Body + Unpin,
+    B::Data: bytes::Buf,
+{
+    while out.len() < limit {
+        match frame_now(body).await {
+            Some(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(bytes::Buf::chunk(&data));
+                }
+            }
+            Some(Some(Err(e))) => return Err(e),
+            Some(None) => return Ok(true),
+            None => return Ok(false),
+        }
+    }
+    Ok(false)
+}
+
 /// A response body: the message bytes, then the trailers.
 pub(crate) struct ReplyBody {
     data: Option<Bytes>,

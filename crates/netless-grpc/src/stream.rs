@@ -14,7 +14,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use netless::{CallOptions, Client, Reply, Status};
 
-use crate::mapping::metadata_to_headers;
+use crate::mapping::{metadata_to_headers, take_ready};
 use crate::protocol::{stream_payload, CANCEL, CLOSE_SEND, END, RECV, SEND, WINDOW};
 use crate::session::status_trailers;
 
@@ -70,24 +70,11 @@ impl ClientStream {
                             chunk.extend_from_slice(&data);
                         }
                         // Whatever else is ready travels in the same call.
-                        let mut ended = false;
-                        while chunk.len() < WINDOW / 4 {
-                            match crate::mapping::frame_now(&mut body).await {
-                                Some(Some(Ok(frame))) => {
-                                    if let Ok(data) = frame.into_data() {
-                                        chunk.extend_from_slice(&data);
-                                    }
-                                }
-                                Some(None) => {
-                                    ended = true;
-                                    break;
-                                }
-                                // The caller's stream failed: tonic cancels the call.
-                                Some(Some(Err(_))) => return cancel(&client, id),
-                                None => break,
-                            }
+                        match take_ready(&mut body, WINDOW / 4, &mut chunk).await {
+                            Ok(ended) => ended,
+                            // The caller's stream failed: tonic cancels the call.
+                            Err(_) => return cancel(&client, id),
                         }
-                        ended
                     }
                     Some(Err(_)) => return cancel(&client, id),
                     None => true,
@@ -138,13 +125,13 @@ fn cancel(client: &Client, id: u64) {
         Err(_) => {
             let _ = std::thread::Builder::new()
                 .name("netless-grpc-cancel".into())
-                .spawn(move || futures_lite_block_on(call));
+                .spawn(move || block_on_here(call));
         }
     }
 }
 
 /// Runs `future` to completion on this thread (for a cancel issued outside any runtime).
-fn futures_lite_block_on<F: Future>(future: F) -> F::Output {
+fn block_on_here<F: Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .map(|rt| rt.block_on(future))
