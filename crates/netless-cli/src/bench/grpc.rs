@@ -5,14 +5,15 @@
 //! (interleaved rounds), then throughput with many calls in flight.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use hdrhistogram::Histogram;
 
 use super::clock::Stopwatch;
 use super::grpc_http2::GrpcHttp2;
+use super::peer::{spawn_gateway, Peer, Stop};
 use super::proto::{EchoClient, EchoRequest};
 use super::report::{self, Row};
 
@@ -52,66 +53,6 @@ pub fn serve_netless(pin_cpu: Option<usize>) -> anyhow::Result<()> {
     std::io::Write::flush(&mut std::io::stdout())?;
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
     Ok(())
-}
-
-/// `netless gateway` on a free loopback port (pinned to `cpu`), and its address.
-pub(crate) fn spawn_gateway(
-    exe: &std::path::Path,
-    cpu: Option<usize>,
-) -> anyhow::Result<(Stoppable, String)> {
-    let mut cmd = Command::new(exe);
-    cmd.args(["gateway", "--listen", "127.0.0.1:0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    if let Some(cpu) = cpu {
-        cmd.args(["--pin-cpu", &cpu.to_string()]);
-    }
-    let mut child = cmd.spawn().context("spawning the gateway")?;
-    let stdout = child.stdout.take().context("gateway stdout")?;
-    let peer = Stoppable(child);
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
-    let address = line
-        .trim()
-        .strip_prefix("LISTENING ")
-        .with_context(|| format!("the gateway did not start: {line:?}"))?
-        .to_string();
-    Ok((peer, address))
-}
-
-/// A server process stopped with SIGTERM (then reaped) when dropped.
-pub(crate) struct Stoppable(pub(crate) Child);
-
-impl Drop for Stoppable {
-    fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        for _ in 0..200 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-pub(crate) struct Peer(pub(crate) Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        for _ in 0..200 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 async fn sequential<T>(
@@ -195,21 +136,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => (None, None),
     };
     let tcp = GrpcHttp2::start(&exe, peer_cpu)?;
-    let mut cmd = Command::new(&exe);
-    cmd.args(["bench-peer", "grpc-netless"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    if let Some(cpu) = peer_cpu {
-        cmd.args(["--pin-cpu", &cpu.to_string()]);
+    let peer_cpu_arg = peer_cpu.map(|c| c.to_string());
+    let mut peer_args = vec!["bench-peer", "grpc-netless"];
+    if let Some(cpu) = &peer_cpu_arg {
+        peer_args.extend(["--pin-cpu", cpu]);
     }
-    let mut child = cmd.spawn().context("spawning the netless gRPC server")?;
-    let stdout = child.stdout.take().context("peer stdout")?;
-    let _peer = Peer(child);
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
-    if !line.starts_with("LISTENING") {
-        bail!("the netless gRPC server did not start: {line:?}");
-    }
+    let (_peer, _) = Peer::spawn(&exe, &peer_args, Stop::CloseStdin)?;
     let gateway = spawn_gateway(&exe, peer_cpu)?;
     let channel = netless_grpc::Channel::connect(SERVICE)?;
     let mut netless_client = EchoClient::new(channel);

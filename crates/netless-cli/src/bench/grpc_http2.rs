@@ -11,9 +11,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::clock::Stopwatch;
+use super::peer::reap;
 
 use anyhow::{anyhow, bail, Context as _};
 use hdrhistogram::Histogram;
@@ -314,21 +315,6 @@ impl Drop for GrpcHttp2 {
     fn drop(&mut self) {
         reap(&mut self.child, Duration::from_secs(2));
     }
-}
-
-/// Closes the child's stdin, waits up to `grace` for it to exit, then kills and reaps it.
-fn reap(child: &mut Child, grace: Duration) {
-    drop(child.stdin.take());
-    let deadline = Instant::now() + grace;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => return,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            _ => break,
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[cfg(test)]

@@ -15,13 +15,13 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use tonic::{Request, Response, Status};
 
-use super::grpc::{spawn_gateway, Stoppable};
+use super::peer::{spawn_gateway, Peer, Stop};
 use super::proto::{Echo, EchoClient, EchoReply, EchoRequest, EchoServer};
 use super::report;
 
@@ -125,41 +125,6 @@ pub fn serve_logic(pin_cpu: Option<usize>) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
     Ok(())
-}
-
-/// A peer that stops when its stdin closes.
-struct Peer(Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        for _ in 0..200 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_peer(exe: &Path, args: &[&str]) -> anyhow::Result<(Peer, String)> {
-    let mut child = Command::new(exe)
-        .arg("bench-peer")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawning bench-peer {}", args.join(" ")))?;
-    let stdout = child.stdout.take().context("peer stdout")?;
-    let peer = Peer(child);
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
-    let Some(what) = line.trim().strip_prefix("LISTENING ") else {
-        bail!("bench-peer {} did not start: {line:?}", args.join(" "));
-    };
-    Ok((peer, what.to_string()))
 }
 
 /// CPU time (user + system) a process has used so far.
@@ -279,15 +244,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => (None, None),
     };
     let logic_cpu_arg = logic_cpu.map(|c| c.to_string());
-    let mut baseline_args = vec!["split-baseline"];
-    let mut logic_args = vec!["split-logic"];
+    let mut baseline_args = vec!["bench-peer", "split-baseline"];
+    let mut logic_args = vec!["bench-peer", "split-logic"];
     if let Some(cpu) = &logic_cpu_arg {
         baseline_args.extend(["--pin-cpu", cpu]);
         logic_args.extend(["--pin-cpu", cpu]);
     }
-    let (baseline, baseline_addr) = spawn_peer(&exe, &baseline_args)?;
-    let (logic, _) = spawn_peer(&exe, &logic_args)?;
-    let (gateway, gateway_addr): (Stoppable, String) = spawn_gateway(&exe, gateway_cpu)?;
+    let (baseline, baseline_addr) = Peer::spawn(&exe, &baseline_args, Stop::CloseStdin)?;
+    let (logic, _) = Peer::spawn(&exe, &logic_args, Stop::CloseStdin)?;
+    let (gateway, gateway_addr) = spawn_gateway(&exe, gateway_cpu)?;
     let me = std::process::id();
     // As in the paper, the server side gets one host core in the baseline, and the split
     // adds a core for the gateway. The load generator (another machine in the paper) must
@@ -319,14 +284,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (
             "baseline",
             &baseline_client,
-            vec![("server".into(), baseline.0.id()), ("client".into(), me)],
+            vec![("server".into(), baseline.id()), ("client".into(), me)],
         ),
         (
             "split",
             &split_client,
             vec![
-                ("gateway".into(), gateway.0.id()),
-                ("logic".into(), logic.0.id()),
+                ("gateway".into(), gateway.id()),
+                ("logic".into(), logic.id()),
                 ("client".into(), me),
             ],
         ),
