@@ -32,6 +32,17 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
 }
 
+/// The flags every example client takes.
+#[derive(Args, Clone, Debug)]
+pub struct ClientArgs {
+    /// `tcp` or `netless`.
+    #[arg(long, value_enum, default_value = "netless")]
+    pub transport: Transport,
+    /// The server's TCP address (with `--transport tcp`).
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+}
+
 /// Serves `service` as `args` say until SIGINT or SIGTERM. Prints `LISTENING tcp=ADDR` and
 /// `LISTENING netless=SERVICE` once it is reachable.
 pub fn serve<S>(args: &ServeArgs, service: S) -> anyhow::Result<()>

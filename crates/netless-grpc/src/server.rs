@@ -192,10 +192,11 @@ impl Shared {
         if req.method.starts_with(STREAM_PREFIX) {
             return self.stream_op(req, resp);
         }
-        let request = self.http_request(req)?;
         if req.metadata.get(MORE).is_some() {
-            return self.open_client_stream(request, req.payload, resp);
+            return self.open_client_stream(req, resp);
         }
+        let body = http_body_util::Full::new(Bytes::copy_from_slice(req.payload));
+        let request = self.http_request(req, tonic::body::Body::new(body))?;
         let service = self.service.clone();
         let ready = self.runtime.block_on(async move {
             let Ok(response) = service.oneshot(request).await;
@@ -283,17 +284,18 @@ impl Shared {
     /// A call whose request goes on: the service runs as a task reading `send`s.
     fn open_client_stream(
         &self,
-        mut request: http::Request<tonic::body::Body>,
-        first: &[u8],
+        req: &Request<'_>,
         resp: &mut ResponseBuilder<'_>,
     ) -> Result<(), Status> {
+        // Checked before the session exists, so a bad path leaves nothing behind.
+        let mut request = self.http_request(req, tonic::body::Body::empty())?;
         let reply = resp.defer()?;
         let session = match self.sessions.open(reply.watch()) {
             Ok(session) => session,
             Err(status) => return reply.fail(&status).or(Ok(())),
         };
         *request.body_mut() =
-            tonic::body::Body::new(session.request_body(Bytes::copy_from_slice(first)));
+            tonic::body::Body::new(session.request_body(Bytes::copy_from_slice(req.payload)));
         let service = self.service.clone();
         let task = {
             let session = session.clone();
@@ -348,8 +350,12 @@ impl Shared {
         Ok(())
     }
 
-    /// The HTTP request tonic expects, from a netless request.
-    fn http_request(&self, req: &Request<'_>) -> Result<http::Request<tonic::body::Body>, Status> {
+    /// The HTTP request tonic expects, from a netless request, with `body`.
+    fn http_request(
+        &self,
+        req: &Request<'_>,
+        body: tonic::body::Body,
+    ) -> Result<http::Request<tonic::body::Body>, Status> {
         let (mut headers, _) = metadata_to_headers(&req.metadata);
         headers.insert("content-type", HeaderValue::from_static("application/grpc"));
         headers.insert("te", HeaderValue::from_static("trailers"));
@@ -359,9 +365,7 @@ impl Shared {
         let uri: http::Uri = req.method.parse().map_err(|_| {
             Status::invalid_argument(format!("`{}` is not a gRPC path", req.method))
         })?;
-        let mut request = http::Request::new(tonic::body::Body::new(http_body_util::Full::new(
-            Bytes::copy_from_slice(req.payload),
-        )));
+        let mut request = http::Request::new(body);
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;

@@ -4,16 +4,12 @@
 use clap::Parser;
 use netless_examples::helloworld::greeter_client::GreeterClient;
 use netless_examples::helloworld::HelloRequest;
-use netless_examples::serve::Transport;
+use netless_examples::serve::{ClientArgs, Transport};
 
 #[derive(Parser)]
 struct Cli {
-    /// `tcp` or `netless`.
-    #[arg(long, value_enum, default_value = "netless")]
-    transport: Transport,
-    /// The server's TCP address (with `--transport tcp`).
-    #[arg(long, default_value = "http://127.0.0.1:50051")]
-    addr: String,
+    #[command(flatten)]
+    client: ClientArgs,
     /// Who to greet.
     #[arg(long, default_value = "world")]
     name: String,
@@ -24,13 +20,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let request = HelloRequest { name: cli.name };
     // The only line that differs between the transports is the channel.
-    let reply = match cli.transport {
+    let reply = match cli.client.transport {
         Transport::Netless | Transport::Both => {
             let channel = netless_grpc::Channel::connect("helloworld.Greeter")?;
             GreeterClient::new(channel).say_hello(request).await?
         }
         Transport::Tcp => {
-            let channel = tonic::transport::Endpoint::from_shared(cli.addr)?
+            let channel = tonic::transport::Endpoint::from_shared(cli.client.addr)?
                 .connect()
                 .await?;
             GreeterClient::new(channel).say_hello(request).await?

@@ -7,17 +7,13 @@ use clap::Parser;
 use netless_examples::routeguide::grid_point;
 use netless_examples::routeguide_pb::route_guide_client::RouteGuideClient;
 use netless_examples::routeguide_pb::{Rectangle, RouteNote};
-use netless_examples::serve::Transport;
+use netless_examples::serve::{ClientArgs, Transport};
 use tokio_stream::StreamExt;
 
 #[derive(Parser)]
 struct Cli {
-    /// `tcp` or `netless`.
-    #[arg(long, value_enum, default_value = "netless")]
-    transport: Transport,
-    /// The server's TCP address (with `--transport tcp`).
-    #[arg(long, default_value = "http://127.0.0.1:50051")]
-    addr: String,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 async fn tour<T>(mut client: RouteGuideClient<T>) -> anyhow::Result<()>
@@ -63,13 +59,13 @@ where
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.transport {
+    match cli.client.transport {
         Transport::Netless | Transport::Both => {
             let channel = netless_grpc::Channel::connect("routeguide.RouteGuide")?;
             tour(RouteGuideClient::new(channel)).await
         }
         Transport::Tcp => {
-            let channel = tonic::transport::Endpoint::from_shared(cli.addr)?
+            let channel = tonic::transport::Endpoint::from_shared(cli.client.addr)?
                 .connect()
                 .await?;
             tour(RouteGuideClient::new(channel)).await
