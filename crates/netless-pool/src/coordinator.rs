@@ -1,0 +1,664 @@
+//! Joining a domain: who hands out the pool, who notices deaths, and who takes over.
+//!
+//! The first process to join a domain founds it: it creates the pool (a sealed memfd),
+//! binds the domain's Unix socket and serves it from a thread. Later processes connect, are
+//! checked against the ACL (`SO_PEERCRED`), get a member row and the pool's fd, and keep the
+//! socket open: its hang-up is the kernel's notice that the member died, and the coordinator
+//! then releases every page and Ref the member held.
+//!
+//! Hand-over: every member's watcher thread blocks on its socket. When the coordinator exits,
+//! the sockets close, one member wins the domain's lock file and serves the socket (it already
+//! has the pool), and the others reconnect to it. A member is identified by pid *and* start
+//! time, so a reused pid never keeps a dead member's pages alive. A process that finds no
+//! coordinator founds a new pool only if no member holds the domain's shared `members` lock;
+//! otherwise it waits for the hand-over.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::fs::FlockOperation;
+
+use crate::domain::lock;
+use crate::layout::{member_state, slot_parts, slot_state, slot_word, PoolMap, MAX_MEMBERS};
+use crate::{pages, Domain, DomainConfig, PoolError};
+
+const JOIN_MAGIC: &[u8; 4] = b"NLDJ";
+const WELCOME_MAGIC: &[u8; 4] = b"NLDW";
+const PROTOCOL: u32 = 1;
+const TICK: Duration = Duration::from_millis(250);
+
+/// The files of domain `name` in the socket directory.
+struct Paths {
+    socket: PathBuf,
+    lock: PathBuf,
+    members: PathBuf,
+}
+
+fn paths(config: &DomainConfig) -> Result<Paths, PoolError> {
+    let dir = match &config.dir {
+        Some(d) => d.clone(),
+        None => netless_shm::socket_dir()?,
+    };
+    let socket =
+        netless_shm::service_socket_path(&dir, &format!("netless-domain.{}", config.name))?;
+    Ok(Paths {
+        lock: socket.with_extension("lock"),
+        members: socket.with_extension("members"),
+        socket,
+    })
+}
+
+/// A process identity: pid and start time. `None` if the process is gone or a zombie.
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain anything, so parse after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    // Field 22 overall is the 20th after the state (field 3).
+    fields.nth(18)?.parse().ok()
+}
+
+fn row_alive(map: &PoolMap, member: usize) -> bool {
+    let row = &map.members()[member];
+    let pid = row.pid.load(Ordering::Acquire);
+    let start = row.start_time.load(Ordering::Acquire);
+    pid != 0 && process_start_time(pid) == Some(start)
+}
+
+/// Releases every Ref slot and page `member` holds. For a dead member the caller has won its
+/// row (`REAPING`); a leaving member calls it on itself.
+pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
+    for s in map.slots() {
+        let word = s.state.load(Ordering::Acquire);
+        let (generation, creator, state) = slot_parts(word);
+        if creator == member && state != slot_state::FREE {
+            // A mapper racing us fails its compare-exchange on the old word.
+            let _ = s.state.compare_exchange(
+                word,
+                slot_word(generation, 0, slot_state::FREE),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+    let freed = pages::reap(map, member);
+    let row = &map.members()[member];
+    let generation = row.state.load(Ordering::Acquire) >> 32;
+    row.pid.store(0, Ordering::Relaxed);
+    row.state
+        .store(generation << 32 | member_state::FREE, Ordering::Release);
+    if !leaving {
+        tracing::info!("netless-pool: reaped dead member {member}: {freed} pages freed");
+    }
+}
+
+/// Reaps every member row whose process is gone (except `skip`). Returns how many.
+pub(crate) fn reap_dead_members(map: &PoolMap, skip: Option<usize>) -> usize {
+    let mut reaped = 0;
+    for (m, row) in map.members().iter().enumerate() {
+        if Some(m) == skip {
+            continue;
+        }
+        let word = row.state.load(Ordering::Acquire);
+        let state = word & 0xff;
+        if (state == member_state::ALIVE
+            || state == member_state::JOINING
+            || state == member_state::REAPING)
+            && !row_alive(map, m)
+        {
+            // A reaper that died mid-reap left REAPING: reaping is idempotent, so redo it.
+            let won = row
+                .state
+                .compare_exchange(
+                    word,
+                    (word & !0xff) | member_state::REAPING,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+            if won {
+                release_member(map, m, false);
+                reaped += 1;
+            }
+        }
+    }
+    reaped
+}
+
+/// Claims a free member row for process `pid`.
+fn claim_row(map: &PoolMap, pid: u32) -> Option<(usize, u32)> {
+    let start = process_start_time(pid)?;
+    for _ in 0..2 {
+        for (m, row) in map.members().iter().enumerate() {
+            let word = row.state.load(Ordering::Acquire);
+            if word & 0xff != member_state::FREE {
+                continue;
+            }
+            let generation = ((word >> 32) as u32).wrapping_add(1);
+            let joining = u64::from(generation) << 32 | member_state::JOINING;
+            if row
+                .state
+                .compare_exchange(word, joining, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                row.pid.store(pid, Ordering::Relaxed);
+                row.start_time.store(start, Ordering::Relaxed);
+                for c in [
+                    &row.bytes_copied,
+                    &row.pages_copied,
+                    &row.refs_created,
+                    &row.refs_mapped,
+                ] {
+                    c.store(0, Ordering::Relaxed);
+                }
+                // Pages still marked with this bit (a dead holder nobody reaped) go first.
+                pages::reap(map, m);
+                row.state.store(
+                    u64::from(generation) << 32 | member_state::ALIVE,
+                    Ordering::Release,
+                );
+                return Some((m, generation));
+            }
+        }
+        reap_dead_members(map, None);
+    }
+    None
+}
+
+fn open_lock_file(path: &Path) -> Result<File, PoolError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|source| {
+            PoolError::Shm(netless_shm::Error::Io {
+                op: "open of the domain's lock file",
+                source,
+            })
+        })
+}
+
+fn try_flock(file: &File, op: FlockOperation) -> bool {
+    rustix::fs::flock(file, op).is_ok()
+}
+
+enum Attempt {
+    NoCoordinator,
+    Joined(UnixStream, Option<OwnedFd>, usize, u32),
+}
+
+fn join_err(config: &DomainConfig, reason: String) -> PoolError {
+    PoolError::Join {
+        name: config.name.clone(),
+        reason,
+    }
+}
+
+/// One try at joining through the socket; `rejoin` re-registers an existing member.
+fn try_connect(
+    config: &DomainConfig,
+    socket: &Path,
+    rejoin: Option<(u64, usize, u32)>,
+) -> Result<Attempt, PoolError> {
+    let stream = match UnixStream::connect(socket) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(Attempt::NoCoordinator)
+        }
+        Err(e) => {
+            return Err(join_err(
+                config,
+                format!("connect to {}: {e}", socket.display()),
+            ))
+        }
+    };
+    let io = |e: std::io::Error| join_err(config, format!("socket set-up: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(io)?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .map_err(io)?;
+    let mut req = JOIN_MAGIC.to_vec();
+    req.extend_from_slice(&PROTOCOL.to_le_bytes());
+    let (domain, member, generation) = rejoin.unwrap_or((0, u32::MAX as usize, 0));
+    req.extend_from_slice(&domain.to_le_bytes());
+    req.extend_from_slice(&(member as u32).to_le_bytes());
+    req.extend_from_slice(&generation.to_le_bytes());
+    let reply = netless_shm::send_frame(&stream, &req, &[])
+        .and_then(|()| netless_shm::recv_frame(&stream, 1));
+    let (payload, fds) = match reply {
+        Ok(r) => r,
+        // The coordinator is exiting: treat as absent and retry.
+        Err(netless_shm::Error::PeerClosed) => return Ok(Attempt::NoCoordinator),
+        Err(e) => {
+            return Err(join_err(
+                config,
+                format!("handshake with the coordinator: {e}"),
+            ))
+        }
+    };
+    if payload.len() < 5 || &payload[..4] != WELCOME_MAGIC {
+        return Err(join_err(
+            config,
+            "the coordinator sent a malformed reply".into(),
+        ));
+    }
+    if payload[4] != 0 {
+        return Err(join_err(
+            config,
+            String::from_utf8_lossy(&payload[5..]).into_owned(),
+        ));
+    }
+    if payload.len() != 5 + 16 {
+        return Err(join_err(
+            config,
+            "the coordinator sent a malformed welcome".into(),
+        ));
+    }
+    let member = u32::from_le_bytes(payload[13..17].try_into().expect("4 bytes")) as usize;
+    let generation = u32::from_le_bytes(payload[17..21].try_into().expect("4 bytes"));
+    if member >= MAX_MEMBERS {
+        return Err(join_err(
+            config,
+            format!("the coordinator assigned member {member}"),
+        ));
+    }
+    stream.set_read_timeout(None).map_err(io)?;
+    Ok(Attempt::Joined(
+        stream,
+        fds.into_iter().next(),
+        member,
+        generation,
+    ))
+}
+
+/// Joins domain `config.name`, founding it if nobody coordinates it.
+pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
+    config.geometry.validate()?;
+    let paths = paths(config)?;
+    let members = open_lock_file(&paths.members)?;
+    let deadline = Instant::now() + config.join_timeout;
+    loop {
+        if let Attempt::Joined(stream, fd, member, generation) =
+            try_connect(config, &paths.socket, None)?
+        {
+            let fd = fd.ok_or_else(|| join_err(config, "the coordinator passed no pool".into()))?;
+            let map = Arc::new(PoolMap::attach(fd, None)?);
+            rustix::fs::flock(&members, FlockOperation::LockShared)
+                .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
+            let link = Link::start_member(
+                config,
+                paths,
+                map.clone(),
+                members,
+                stream,
+                (member, generation),
+            );
+            return Ok(Domain::from_parts(map, member, config, Some(link)));
+        }
+        let lock_file = open_lock_file(&paths.lock)?;
+        // With the domain's lock and no member holding the members file, nobody is a member:
+        // found the domain. Members alive but no socket: one of them is taking over.
+        if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive)
+            && try_flock(&members, FlockOperation::NonBlockingLockExclusive)
+        {
+            let map = Arc::new(PoolMap::create(config.geometry, random_id())?);
+            let (member, _) = claim_row(&map, std::process::id())
+                .ok_or_else(|| join_err(config, "cannot claim a member row".into()))?;
+            rustix::fs::flock(&members, FlockOperation::LockShared)
+                .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
+            let listener = bind(&paths.socket).map_err(|e| join_err(config, e))?;
+            let link = Link::start_coordinator(
+                config,
+                paths,
+                map.clone(),
+                members,
+                lock_file,
+                listener,
+                member,
+            );
+            return Ok(Domain::from_parts(map, member, config, Some(link)));
+        }
+        drop(lock_file);
+        if Instant::now() >= deadline {
+            return Err(join_err(
+                config,
+                format!(
+                    "no coordinator answered on {} within {:?} while members are alive: is \
+                     a member process hung?",
+                    paths.socket.display(),
+                    config.join_timeout
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn bind(socket: &Path) -> Result<UnixListener, String> {
+    // We hold the domain's lock: any socket file there is a dead coordinator's.
+    let _ = std::fs::remove_file(socket);
+    let listener =
+        UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("set_nonblocking: {e}"))?;
+    Ok(listener)
+}
+
+fn random_id() -> u64 {
+    let mut bytes = [0u8; 8];
+    if File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let t = Instant::now().elapsed().as_nanos() as u64;
+        return t ^ u64::from(std::process::id()) << 32;
+    }
+    u64::from_le_bytes(bytes)
+}
+
+/// A member's connection to its domain: the watcher (or coordinator) thread.
+pub(crate) struct Link {
+    shared: Arc<LinkShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct LinkShared {
+    stop: AtomicBool,
+    coordinator: AtomicBool,
+    /// The socket the watcher blocks on (shut down to stop it).
+    socket: Mutex<Option<UnixStream>>,
+    /// Written to stop a coordinator's poll loop.
+    wake: OwnedFd,
+    wake_rx: OwnedFd,
+}
+
+struct Serve {
+    config: DomainConfig,
+    paths: Paths,
+    map: Arc<PoolMap>,
+    member: usize,
+    generation: u32,
+    shared: Arc<LinkShared>,
+    _members: File,
+}
+
+impl Link {
+    fn new_shared() -> Arc<LinkShared> {
+        let (rx, tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .expect("pipe for the domain thread");
+        Arc::new(LinkShared {
+            stop: AtomicBool::new(false),
+            coordinator: AtomicBool::new(false),
+            socket: Mutex::new(None),
+            wake: tx,
+            wake_rx: rx,
+        })
+    }
+
+    fn start_member(
+        config: &DomainConfig,
+        paths: Paths,
+        map: Arc<PoolMap>,
+        members: File,
+        stream: UnixStream,
+        (member, generation): (usize, u32),
+    ) -> Link {
+        let shared = Self::new_shared();
+        *lock(&shared.socket) = stream.try_clone().ok();
+        let serve = Serve {
+            config: config.clone(),
+            paths,
+            map,
+            member,
+            generation,
+            shared: shared.clone(),
+            _members: members,
+        };
+        let thread = std::thread::Builder::new()
+            .name("netless-domain".into())
+            .spawn(move || serve.watch(stream))
+            .ok();
+        Link { shared, thread }
+    }
+
+    fn start_coordinator(
+        config: &DomainConfig,
+        paths: Paths,
+        map: Arc<PoolMap>,
+        members: File,
+        lock_file: File,
+        listener: UnixListener,
+        member: usize,
+    ) -> Link {
+        let shared = Self::new_shared();
+        shared.coordinator.store(true, Ordering::Release);
+        let generation = (map.members()[member].state.load(Ordering::Acquire) >> 32) as u32;
+        let serve = Serve {
+            config: config.clone(),
+            paths,
+            map,
+            member,
+            generation,
+            shared: shared.clone(),
+            _members: members,
+        };
+        let thread = std::thread::Builder::new()
+            .name("netless-domain".into())
+            .spawn(move || serve.coordinate(lock_file, listener))
+            .ok();
+        Link { shared, thread }
+    }
+
+    pub(crate) fn is_coordinator(&self) -> bool {
+        self.shared.coordinator.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn stop(mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(s) = lock(&self.shared.socket).as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        let _ = rustix::io::write(&self.shared.wake, &[1]);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Serve {
+    fn stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// A member's thread: wait for the coordinator's socket to close, then rejoin its
+    /// successor or become it.
+    fn watch(self, mut stream: UnixStream) {
+        loop {
+            let mut byte = [0u8; 1];
+            // The coordinator never writes after the welcome: any return means it is gone
+            // (or we are stopping).
+            let _ = stream.read(&mut byte);
+            if self.stopping() {
+                return;
+            }
+            loop {
+                let rejoin = Some((self.map.domain_id(), self.member, self.generation));
+                match try_connect(&self.config, &self.paths.socket, rejoin) {
+                    Ok(Attempt::Joined(s, _, _, _)) => {
+                        *lock(&self.shared.socket) = s.try_clone().ok();
+                        stream = s;
+                        break;
+                    }
+                    Ok(Attempt::NoCoordinator) => {}
+                    Err(e) => {
+                        tracing::warn!("netless-pool: lost the domain's coordinator: {e}");
+                        return;
+                    }
+                }
+                if let Ok(lock_file) = open_lock_file(&self.paths.lock) {
+                    if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
+                        match bind(&self.paths.socket) {
+                            Ok(listener) => {
+                                tracing::info!(
+                                    "netless-pool: member {} took over domain `{}`",
+                                    self.member,
+                                    self.config.name
+                                );
+                                self.shared.coordinator.store(true, Ordering::Release);
+                                return self.coordinate(lock_file, listener);
+                            }
+                            Err(e) => tracing::warn!("netless-pool: take-over failed: {e}"),
+                        }
+                    }
+                }
+                if self.stopping() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+
+    /// The coordinator's thread: admit members, reap the dead, until stopped.
+    fn coordinate(self, lock_file: File, listener: UnixListener) {
+        let mut conns: Vec<(UnixStream, usize)> = Vec::new();
+        reap_dead_members(&self.map, Some(self.member));
+        let mut last_sweep = Instant::now();
+        while !self.stopping() {
+            let mut fds = Vec::with_capacity(2 + conns.len());
+            fds.push(PollFd::new(&self.shared.wake_rx, PollFlags::IN));
+            fds.push(PollFd::new(&listener, PollFlags::IN));
+            for (c, _) in &conns {
+                fds.push(PollFd::new(c, PollFlags::IN));
+            }
+            let timeout = rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: TICK.as_nanos() as i64,
+            };
+            if rustix::event::poll(&mut fds, Some(&timeout)).is_err() {
+                continue;
+            }
+            let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+            drop(fds);
+            if ready[0] {
+                break;
+            }
+            let mut gone = Vec::new();
+            for (i, (c, m)) in conns.iter().enumerate() {
+                if ready[2 + i] {
+                    let mut byte = [0u8; 1];
+                    // Members never write after joining: readable means hung up.
+                    if matches!((&*c).read(&mut byte), Ok(0) | Err(_)) {
+                        gone.push(i);
+                        if !row_alive(&self.map, *m) {
+                            reap_dead_members(&self.map, Some(self.member));
+                        }
+                    }
+                }
+            }
+            for i in gone.into_iter().rev() {
+                conns.swap_remove(i);
+            }
+            if ready[1] {
+                while let Ok((stream, _)) = listener.accept() {
+                    if let Some(m) = self.admit(&stream) {
+                        conns.push((stream, m));
+                    }
+                }
+            }
+            if last_sweep.elapsed() >= TICK {
+                last_sweep = Instant::now();
+                reap_dead_members(&self.map, Some(self.member));
+            }
+        }
+        // Hand over: remove the socket while we hold the lock, then let the lock go.
+        let _ = std::fs::remove_file(&self.paths.socket);
+        drop(listener);
+        drop(lock_file);
+        self.shared.coordinator.store(false, Ordering::Release);
+    }
+
+    /// Handles one join request; returns the member row to watch.
+    fn admit(&self, stream: &UnixStream) -> Option<usize> {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(500)));
+        let refuse = |why: String| {
+            let mut reply = WELCOME_MAGIC.to_vec();
+            reply.push(1);
+            reply.extend_from_slice(why.as_bytes());
+            let _ = netless_shm::send_frame(stream, &reply, &[]);
+            None
+        };
+        let cred = netless_shm::peer_cred(stream).ok()?;
+        if !self.config.acl.allows(&cred) {
+            return refuse(format!(
+                "uid {} gid {} is not allowed by the domain's ACL",
+                cred.uid, cred.gid
+            ));
+        }
+        let (req, _) = netless_shm::recv_frame(stream, 0).ok()?;
+        if req.len() != 24 || &req[..4] != JOIN_MAGIC {
+            return refuse("malformed join request".into());
+        }
+        if u32::from_le_bytes(req[4..8].try_into().ok()?) != PROTOCOL {
+            return refuse(format!(
+                "protocol version mismatch (the coordinator speaks {PROTOCOL})"
+            ));
+        }
+        let domain = u64::from_le_bytes(req[8..16].try_into().ok()?);
+        let member = u32::from_le_bytes(req[16..20].try_into().ok()?) as usize;
+        let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
+        let pid = cred.pid.max(0) as u32;
+        let (member, generation, pass_fd) = if member == u32::MAX as usize {
+            match claim_row(&self.map, pid) {
+                Some((m, g)) => (m, g, true),
+                None => return refuse(format!("the domain is full ({MAX_MEMBERS} members)")),
+            }
+        } else {
+            let row = self.map.members().get(member)?;
+            let expect = u64::from(generation) << 32 | member_state::ALIVE;
+            if domain != self.map.domain_id()
+                || row.state.load(Ordering::Acquire) != expect
+                || row.pid.load(Ordering::Acquire) != pid
+            {
+                return refuse("rejoin as a member this domain does not know".into());
+            }
+            (member, generation, false)
+        };
+        let mut reply = WELCOME_MAGIC.to_vec();
+        reply.push(0);
+        reply.extend_from_slice(&self.map.domain_id().to_le_bytes());
+        reply.extend_from_slice(&(member as u32).to_le_bytes());
+        reply.extend_from_slice(&generation.to_le_bytes());
+        let fd = self.map.segment().fd();
+        let fds = if pass_fd { vec![fd.as_fd()] } else { vec![] };
+        if netless_shm::send_frame(stream, &reply, &fds).is_err() {
+            return None;
+        }
+        let _ = stream.set_read_timeout(None);
+        Some(member)
+    }
+}

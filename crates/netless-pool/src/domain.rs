@@ -1,0 +1,894 @@
+//! A process's membership of a domain: its ledger of page references, its lease of free pages,
+//! the Refs it created, and the pool operations built on them.
+//!
+//! The shared pool records *which* members hold a page (one bit each); this module counts,
+//! privately, how many of this process's buffers and outstanding Refs use each page, and sets
+//! or clears the process's bit when that count leaves or reaches zero. A page may be written
+//! in place only when this process counts one use and is the page's only holder; otherwise a
+//! write copies it first (copy-on-write).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::coordinator::Link;
+use crate::layout::{
+    member_state, slot_parts, slot_state, slot_word, PoolGeometry, PoolMap, MAX_REF_BYTES,
+    PAGE_SIZE, SLOT_TABLES, TABLE_ENTRIES,
+};
+use crate::{pages, PoolError, Ref, SharedBuf};
+
+/// Most uses of one page by one process (buffers plus outstanding Refs).
+pub const MAX_LOCAL_REFS: u32 = 4096;
+
+/// How a process joins a domain. Start from `DomainConfig::new(name)`.
+///
+/// ```
+/// let config = netless_pool::DomainConfig::new("orders");
+/// assert_eq!(config.lease_low, 32);
+/// ```
+#[derive(Clone, Debug)]
+pub struct DomainConfig {
+    /// The domain's name (letters, digits, `.`, `_`, `-`).
+    pub name: String,
+    /// Socket directory; `None` means [`netless_shm::socket_dir`].
+    pub dir: Option<std::path::PathBuf>,
+    /// Size of the pool, if this process founds the domain.
+    pub geometry: PoolGeometry,
+    /// Refill the lease of free pages when it drops below this many pages...
+    pub lease_low: usize,
+    /// ...and give pages back to the global free list when it grows above this many.
+    pub lease_high: usize,
+    /// A Ref nobody mapped within this long is revoked by its creator (its pages are freed).
+    pub ref_ttl: Duration,
+    /// Who may join (checked with `SO_PEERCRED` before the pool's fd is passed).
+    pub acl: netless_shm::Acl,
+    /// How long joining may take (including waiting for a new coordinator).
+    pub join_timeout: Duration,
+}
+
+impl DomainConfig {
+    /// Defaults for domain `name`: a 256 MiB pool, leases of 32..256 pages, Refs revoked after
+    /// 60 s unmapped, same-uid members only.
+    pub fn new(name: &str) -> DomainConfig {
+        DomainConfig {
+            name: name.to_owned(),
+            dir: None,
+            geometry: PoolGeometry::default(),
+            lease_low: 32,
+            lease_high: 256,
+            ref_ttl: Duration::from_secs(60),
+            acl: netless_shm::Acl::default(),
+            join_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A snapshot of the pool and of this process's part in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Pages in the pool.
+    pub pages: usize,
+    /// Pages no member holds.
+    pub free_pages: usize,
+    /// Pages this process holds (buffers, Refs and its lease).
+    pub held_pages: usize,
+    /// Free pages leased to this process.
+    pub leased_pages: usize,
+    /// Live members of the domain.
+    pub members: usize,
+    /// Refs this process created that nobody has mapped yet.
+    pub outstanding_refs: usize,
+    /// Bytes this process copied (copy-on-write and `rread`/`rwrite`).
+    pub bytes_copied: u64,
+    /// Pages this process copied on write.
+    pub pages_copied: u64,
+}
+
+/// A joined domain: the handle every pool operation goes through. Cheap to clone; the process
+/// leaves the domain (releasing everything it holds) when the last clone and buffer drop.
+#[derive(Clone)]
+pub struct Domain {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain")
+            .field("name", &self.inner.name)
+            .field("id", &format_args!("{:016x}", self.inner.map.domain_id()))
+            .field("member", &self.inner.member)
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) map: Arc<PoolMap>,
+    pub(crate) member: usize,
+    pub(crate) name: String,
+    local: Mutex<Local>,
+    lease_low: usize,
+    lease_high: usize,
+    ref_ttl: Duration,
+    link: Mutex<Option<Link>>,
+}
+
+struct Outstanding {
+    slot: u32,
+    generation: u32,
+    /// Data pages, then table pages: one local use each.
+    pages: Vec<u32>,
+    created: Instant,
+}
+
+struct Local {
+    counts: Vec<u32>,
+    lease: Vec<u32>,
+    batch_cursor: usize,
+    run_cursor: usize,
+    slot_cursor: usize,
+    outstanding: VecDeque<Outstanding>,
+    handles: HashMap<u64, (Vec<u32>, usize)>,
+    next_handle: u64,
+}
+
+/// A DmRPC-style handle to a buffer allocated with [`Domain::ralloc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RAddr(pub u64);
+
+impl Domain {
+    pub(crate) fn from_parts(
+        map: Arc<PoolMap>,
+        member: usize,
+        config: &DomainConfig,
+        link: Option<Link>,
+    ) -> Domain {
+        let npages = map.npages() as usize;
+        Domain {
+            inner: Arc::new(Inner {
+                map,
+                member,
+                name: config.name.clone(),
+                local: Mutex::new(Local {
+                    counts: vec![0; npages],
+                    lease: Vec::new(),
+                    batch_cursor: member * 7,
+                    run_cursor: member * 13,
+                    slot_cursor: member * 64,
+                    outstanding: VecDeque::new(),
+                    handles: HashMap::new(),
+                    next_handle: 1,
+                }),
+                lease_low: config.lease_low.max(1),
+                lease_high: config.lease_high.max(config.lease_low.max(1) * 2),
+                ref_ttl: config.ref_ttl,
+                link: Mutex::new(link),
+            }),
+        }
+    }
+
+    /// The domain's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The domain's id: Refs minted here carry it.
+    pub fn id(&self) -> u64 {
+        self.inner.map.domain_id()
+    }
+
+    /// This process's member index (its bit in the page words).
+    pub fn member(&self) -> usize {
+        self.inner.member
+    }
+
+    /// Whether this process currently coordinates the domain (serves its socket).
+    pub fn is_coordinator(&self) -> bool {
+        lock(&self.inner.link)
+            .as_ref()
+            .is_some_and(|l| l.is_coordinator())
+    }
+
+    /// A new buffer of `len` bytes, contiguous in the pool when a free run that long exists.
+    /// Its initial contents are unspecified (old pool bytes of this domain); write before
+    /// reading.
+    ///
+    /// # Errors
+    /// [`PoolError::Exhausted`] if the pool has too few free pages;
+    /// [`PoolError::Config`] if `len` exceeds [`crate::MAX_REF_BYTES`].
+    pub fn alloc(&self, len: usize) -> Result<SharedBuf, PoolError> {
+        let pages = self.inner.alloc_pages(len)?;
+        Ok(SharedBuf::new(self.clone(), pages, len))
+    }
+
+    /// A new buffer holding a copy of `data` (counted in [`PoolStats::bytes_copied`]).
+    pub fn alloc_from(&self, data: &[u8]) -> Result<SharedBuf, PoolError> {
+        let mut buf = self.alloc(data.len())?;
+        buf.write(0, data)?;
+        Ok(buf)
+    }
+
+    /// Maps a Ref another process (or this one) created: the returned buffer shares the
+    /// Ref's pages, reads them in place, and copies a page only when it writes to it. A Ref
+    /// maps once; mapping consumes it.
+    ///
+    /// # Errors
+    /// [`PoolError::ForeignRef`] for another domain's Ref; [`PoolError::InvalidRef`] for a
+    /// forged or corrupt one; [`PoolError::RefGone`] if it was already mapped, revoked, or its
+    /// creator exited; [`PoolError::CountOverflow`].
+    pub fn map(&self, r: &Ref) -> Result<SharedBuf, PoolError> {
+        let pages = self.inner.map_ref(r)?;
+        Ok(SharedBuf::new(self.clone(), pages, r.len()))
+    }
+
+    /// Revokes a Ref this process created and nobody mapped: its hold on the pages ends.
+    ///
+    /// # Errors
+    /// [`PoolError::RefGone`] if it was mapped or revoked already, or is not ours.
+    pub fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
+        self.inner.revoke(r)
+    }
+
+    /// Frees this process's hold on Refs that were mapped since the last call (creating a Ref
+    /// does this too), and revokes Refs older than the configured TTL.
+    pub fn collect(&self) {
+        let mut local = self.inner.local();
+        self.inner.collect(&mut local, false);
+    }
+
+    /// Pool and process statistics (counting free pages scans the page words).
+    pub fn stats(&self) -> PoolStats {
+        let inner = &self.inner;
+        let local = inner.local();
+        let row = &inner.map.members()[inner.member];
+        PoolStats {
+            pages: inner.map.npages() as usize,
+            free_pages: pages::free_count(&inner.map),
+            held_pages: pages::held_by(&inner.map, inner.member),
+            leased_pages: local.lease.len(),
+            members: inner
+                .map
+                .members()
+                .iter()
+                .filter(|m| m.state.load(Ordering::Relaxed) & 0xff == member_state::ALIVE)
+                .count(),
+            outstanding_refs: local.outstanding.len(),
+            bytes_copied: row.bytes_copied.load(Ordering::Relaxed),
+            pages_copied: row.pages_copied.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Releases the pool references of members that died, at once (the coordinator does this
+    /// when it sees a member's socket close). Returns how many members were reaped.
+    pub fn reap_dead(&self) -> usize {
+        crate::coordinator::reap_dead_members(&self.inner.map, Some(self.inner.member))
+    }
+
+    // ----- The DmRPC calls (DmRPC Table II), on top of the same machinery. -----
+
+    /// `ralloc(size)`: allocates a buffer and returns its address handle.
+    pub fn ralloc(&self, size: usize) -> Result<RAddr, PoolError> {
+        let pages = self.inner.alloc_pages(size)?;
+        Ok(self.inner.new_handle(pages, size))
+    }
+
+    /// `rfree(addr)`: frees a buffer from [`Domain::ralloc`] or [`Domain::map_ref`].
+    ///
+    /// # Errors
+    /// [`PoolError::DoubleFree`] if `addr` was already freed or never allocated.
+    pub fn rfree(&self, addr: RAddr) -> Result<(), PoolError> {
+        let (pages, _) = self
+            .inner
+            .local()
+            .handles
+            .remove(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))?;
+        self.inner.release_pages(&pages);
+        Ok(())
+    }
+
+    /// `create_ref(addr, size)`: a Ref to the first `size` bytes of `addr`'s buffer. The
+    /// buffer becomes copy-on-write for both sides.
+    pub fn create_ref(&self, addr: RAddr, size: usize) -> Result<Ref, PoolError> {
+        let pages = {
+            let local = self.inner.local();
+            let (pages, len) = local
+                .handles
+                .get(&addr.0)
+                .ok_or(PoolError::DoubleFree(addr.0))?;
+            if size > *len {
+                return Err(PoolError::OutOfBounds {
+                    offset: 0,
+                    len: size,
+                    size: *len,
+                });
+            }
+            pages[..size.div_ceil(PAGE_SIZE)].to_vec()
+        };
+        self.inner.create_ref(&pages, size)
+    }
+
+    /// `map_ref(ref)`: maps a Ref and returns its address handle.
+    pub fn map_ref(&self, r: &Ref) -> Result<RAddr, PoolError> {
+        let pages = self.inner.map_ref(r)?;
+        Ok(self.inner.new_handle(pages, r.len()))
+    }
+
+    /// `rread(addr, offset, out)`: copies bytes out of a buffer.
+    pub fn rread(&self, addr: RAddr, offset: usize, out: &mut [u8]) -> Result<(), PoolError> {
+        let local = self.inner.local();
+        let (pages, len) = local
+            .handles
+            .get(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))?;
+        self.inner.read(pages, *len, offset, out)
+    }
+
+    /// `rwrite(addr, offset, data)`: copies bytes into a buffer, copying shared pages first.
+    pub fn rwrite(&self, addr: RAddr, offset: usize, data: &[u8]) -> Result<(), PoolError> {
+        let (mut pages, len) = self
+            .inner
+            .local()
+            .handles
+            .remove(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))?;
+        let result = self.inner.write(&mut pages, len, offset, data);
+        self.inner.local().handles.insert(addr.0, (pages, len));
+        result
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    fn local(&self) -> MutexGuard<'_, Local> {
+        lock(&self.local)
+    }
+
+    fn row(&self) -> &crate::layout::MemberRow {
+        &self.map.members()[self.member]
+    }
+
+    fn new_handle(&self, pages: Vec<u32>, len: usize) -> RAddr {
+        let mut local = self.local();
+        let id = local.next_handle << 12;
+        local.next_handle += 1;
+        local.handles.insert(id, (pages, len));
+        RAddr(id)
+    }
+
+    /// One more local use of `page`, taking a holder bit on the first.
+    fn use_page(&self, local: &mut Local, page: u32) -> Result<(), PoolError> {
+        let c = &mut local.counts[page as usize];
+        if *c >= MAX_LOCAL_REFS {
+            return Err(PoolError::CountOverflow {
+                page,
+                max: MAX_LOCAL_REFS,
+            });
+        }
+        *c += 1;
+        if *c == 1 {
+            pages::add_holder(&self.map, self.member, page);
+        }
+        Ok(())
+    }
+
+    /// One local use of `page` fewer; on the last, the page goes to the lease (if we hold it
+    /// alone) or our holder bit is cleared.
+    fn unuse_page(&self, local: &mut Local, page: u32) {
+        let c = &mut local.counts[page as usize];
+        if *c == 0 {
+            tracing::error!("netless-pool: page {page} released more often than used (bug)");
+            return;
+        }
+        *c -= 1;
+        if *c > 0 {
+            return;
+        }
+        if pages::sole_holder(&self.map, self.member, page) && local.lease.len() < self.lease_high {
+            local.lease.push(page);
+        } else if let Err(e) = pages::release(&self.map, self.member, page) {
+            tracing::error!("netless-pool: {e}");
+        }
+    }
+
+    fn refill(&self, local: &mut Local, need: usize) -> Result<(), PoolError> {
+        if local.lease.len() >= need {
+            return Ok(());
+        }
+        let target = need.max((self.lease_low + self.lease_high) / 2);
+        let want = target - local.lease.len();
+        let mut cursor = local.batch_cursor;
+        pages::claim_batch(&self.map, self.member, want, &mut cursor, &mut local.lease);
+        local.batch_cursor = cursor;
+        if local.lease.len() < need {
+            return Err(PoolError::Exhausted(format!(
+                "needed {need} free pages, the pool of {} pages has only {} free: free \
+                 buffers, or give the domain a bigger pool",
+                self.map.npages(),
+                pages::free_count(&self.map) + local.lease.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn trim_lease(&self, local: &mut Local) {
+        if local.lease.len() > self.lease_high {
+            let keep = (self.lease_low + self.lease_high) / 2;
+            for page in local.lease.drain(keep..) {
+                pages::release_sole(&self.map, self.member, page);
+            }
+        }
+    }
+
+    /// A page from the lease with one local use.
+    fn fresh_page(&self, local: &mut Local) -> Result<u32, PoolError> {
+        if local.lease.len() < self.lease_low {
+            // Below the low mark: refill in a batch, but a short pool only fails when empty.
+            let _ = self.refill(local, 1);
+        }
+        let page = local.lease.pop().ok_or_else(|| {
+            PoolError::Exhausted(format!(
+                "no free page left in the pool of {} pages: free buffers, or give the domain \
+                 a bigger pool",
+                self.map.npages()
+            ))
+        })?;
+        local.counts[page as usize] = 1;
+        Ok(page)
+    }
+
+    pub(crate) fn alloc_pages(&self, len: usize) -> Result<Vec<u32>, PoolError> {
+        if len > MAX_REF_BYTES {
+            return Err(PoolError::Config(format!(
+                "a buffer of {len} bytes exceeds the largest of {MAX_REF_BYTES} bytes"
+            )));
+        }
+        let n = len.div_ceil(PAGE_SIZE);
+        let mut local = self.local();
+        if n == 1 {
+            return Ok(vec![self.fresh_page(&mut local)?]);
+        }
+        if n > 1 {
+            let mut cursor = local.run_cursor;
+            let run = pages::claim_run(&self.map, self.member, n, &mut cursor);
+            local.run_cursor = cursor;
+            if let Some(first) = run {
+                let pages: Vec<u32> = (first..first + n as u32).collect();
+                for &p in &pages {
+                    local.counts[p as usize] = 1;
+                }
+                return Ok(pages);
+            }
+        }
+        // No contiguous run: any pages will do (reads then go page by page).
+        self.refill(&mut local, n)?;
+        let at = local.lease.len() - n;
+        let pages: Vec<u32> = local.lease.drain(at..).collect();
+        for &p in &pages {
+            local.counts[p as usize] = 1;
+        }
+        Ok(pages)
+    }
+
+    pub(crate) fn release_pages(&self, pages: &[u32]) {
+        let mut local = self.local();
+        for &p in pages {
+            self.unuse_page(&mut local, p);
+        }
+        // Refs mapped since the last call release their pages here too (collect trims).
+        self.collect(&mut local, false);
+    }
+
+    /// Makes page `i` of `pages` private (copying it if shared) and returns it.
+    /// `keep` is how many leading bytes of the old page must survive (0 for a full overwrite).
+    fn private_page(&self, pages: &mut [u32], i: usize, keep: usize) -> Result<u32, PoolError> {
+        let old = pages[i];
+        let mut local = self.local();
+        if local.counts[old as usize] == 1 && pages::sole_holder(&self.map, self.member, old) {
+            return Ok(old);
+        }
+        let new = self.fresh_page(&mut local)?;
+        if keep > 0 {
+            // SAFETY: both pages are in bounds (indexes from our ledger); `new` is ours alone
+            // (fresh from the lease), `old` is only read; they are distinct pages.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.map.page_ptr(old), self.map.page_ptr(new), keep)
+            };
+            self.row()
+                .bytes_copied
+                .fetch_add(keep as u64, Ordering::Relaxed);
+        }
+        self.row().pages_copied.fetch_add(1, Ordering::Relaxed);
+        self.unuse_page(&mut local, old);
+        pages[i] = new;
+        Ok(new)
+    }
+
+    pub(crate) fn write(
+        &self,
+        pages: &mut [u32],
+        len: usize,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        check_range(offset, data.len(), len)?;
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done;
+            let (i, in_page) = (at / PAGE_SIZE, at % PAGE_SIZE);
+            let n = (PAGE_SIZE - in_page).min(data.len() - done);
+            let page_len = (len - i * PAGE_SIZE).min(PAGE_SIZE);
+            // Bytes of the old page outside [in_page, in_page + n) must be preserved.
+            let keep = if in_page == 0 && n >= page_len {
+                0
+            } else {
+                page_len
+            };
+            let page = self.private_page(pages, i, keep)?;
+            // SAFETY: `page` is in bounds and held by this process alone with one use (the
+            // buffer being written, borrowed mutably by the caller); [in_page, in_page + n)
+            // lies within the page.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data[done..].as_ptr(),
+                    self.map.page_ptr(page).add(in_page),
+                    n,
+                )
+            };
+            done += n;
+        }
+        self.row()
+            .bytes_copied
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn read(
+        &self,
+        pages: &[u32],
+        len: usize,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<(), PoolError> {
+        check_range(offset, out.len(), len)?;
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done;
+            let (i, in_page) = (at / PAGE_SIZE, at % PAGE_SIZE);
+            let n = (PAGE_SIZE - in_page).min(out.len() - done);
+            // SAFETY: pages[i] is in bounds and held by us, so no member writes it while we
+            // read (a page is written only by a sole holder); the range lies within the page.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.map.page_ptr(pages[i]).add(in_page),
+                    out[done..].as_mut_ptr(),
+                    n,
+                )
+            };
+            done += n;
+        }
+        self.row()
+            .bytes_copied
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {
+        let mut local = self.local();
+        self.collect(&mut local, false);
+        let ntables = data_pages.len().div_ceil(TABLE_ENTRIES);
+        if ntables > SLOT_TABLES {
+            return Err(PoolError::Config(format!(
+                "a Ref of {len} bytes exceeds the largest of {MAX_REF_BYTES} bytes"
+            )));
+        }
+        // Count the uses first, so an overflow leaves nothing half-done.
+        for (k, &p) in data_pages.iter().enumerate() {
+            if let Err(e) = self.use_page(&mut local, p) {
+                for &q in &data_pages[..k] {
+                    self.unuse_page(&mut local, q);
+                }
+                return Err(e);
+            }
+        }
+        let undo = |local: &mut Local, tables: &[u32]| {
+            for &q in data_pages.iter().chain(tables) {
+                self.unuse_page(local, q);
+            }
+        };
+        let Some((slot, generation)) = self.claim_slot(&mut local) else {
+            undo(&mut local, &[]);
+            return Err(PoolError::Exhausted(format!(
+                "all {} ref slots of the domain are in use: map or revoke Refs, or give the \
+                 domain more ref_slots",
+                self.map.nslots()
+            )));
+        };
+        let s = &self.map.slots()[slot as usize];
+        let mut tables = Vec::with_capacity(ntables);
+        for t in 0..ntables {
+            let page = match self.fresh_page(&mut local) {
+                Ok(p) => p,
+                Err(e) => {
+                    undo(&mut local, &tables);
+                    s.state.store(
+                        slot_word(generation, 0, slot_state::FREE),
+                        Ordering::Release,
+                    );
+                    return Err(e);
+                }
+            };
+            let entries =
+                &data_pages[t * TABLE_ENTRIES..((t + 1) * TABLE_ENTRIES).min(data_pages.len())];
+            // SAFETY: `page` is a fresh page held by us alone; `entries` fits in one page
+            // (at most TABLE_ENTRIES u32s).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    entries.as_ptr() as *const u8,
+                    self.map.page_ptr(page),
+                    entries.len() * 4,
+                )
+            };
+            s.tables[t].store(page, Ordering::Relaxed);
+            tables.push(page);
+        }
+        s.len.store(len as u64, Ordering::Relaxed);
+        s.npages.store(data_pages.len() as u32, Ordering::Relaxed);
+        s.ntables.store(ntables as u32, Ordering::Relaxed);
+        s.state.store(
+            slot_word(generation, self.member, slot_state::READY),
+            Ordering::Release,
+        );
+        let mut held = data_pages.to_vec();
+        held.extend_from_slice(&tables);
+        local.outstanding.push_back(Outstanding {
+            slot,
+            generation,
+            pages: held,
+            created: Instant::now(),
+        });
+        self.row().refs_created.fetch_add(1, Ordering::Relaxed);
+        Ok(Ref {
+            domain: self.map.domain_id(),
+            slot,
+            generation,
+            len: len as u64,
+        })
+    }
+
+    fn claim_slot(&self, local: &mut Local) -> Option<(u32, u32)> {
+        let slots = self.map.slots();
+        let n = slots.len();
+        for step in 0..n {
+            let i = (local.slot_cursor + step) % n;
+            let word = slots[i].state.load(Ordering::Relaxed);
+            let (generation, _, state) = slot_parts(word);
+            if state != slot_state::FREE {
+                continue;
+            }
+            let next = generation.wrapping_add(1);
+            if slots[i]
+                .state
+                .compare_exchange(
+                    word,
+                    slot_word(next, self.member, slot_state::BUILDING),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                local.slot_cursor = i + 1;
+                return Some((i as u32, next));
+            }
+        }
+        None
+    }
+
+    /// Ends our hold on Refs that were mapped; revokes expired ones (or all, on leave).
+    fn collect(&self, local: &mut Local, all: bool) {
+        let slots = self.map.slots();
+        let mut i = 0;
+        while i < local.outstanding.len() {
+            let o = &local.outstanding[i];
+            let s = &slots[o.slot as usize];
+            let ready = slot_word(o.generation, self.member, slot_state::READY);
+            let taken = slot_word(o.generation, self.member, slot_state::TAKEN);
+            let free = slot_word(o.generation, 0, slot_state::FREE);
+            let word = s.state.load(Ordering::Acquire);
+            let done = if word == taken {
+                s.state.store(free, Ordering::Release);
+                true
+            } else if word == ready && (all || o.created.elapsed() >= self.ref_ttl) {
+                match s
+                    .state
+                    .compare_exchange(ready, free, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => true,
+                    Err(now) if now == taken => {
+                        s.state.store(free, Ordering::Release);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            } else if word != ready {
+                // Not ours any more: someone wrote our slot. Keep our pages (leaking them to
+                // our own exit beats freeing pages a mapper may use).
+                tracing::error!(
+                    "netless-pool: ref slot {} was overwritten: {word:#x}",
+                    o.slot
+                );
+                local.outstanding.remove(i);
+                continue;
+            } else {
+                false
+            };
+            if done {
+                let o = local.outstanding.remove(i).expect("index in range");
+                for p in o.pages {
+                    self.unuse_page(local, p);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        self.trim_lease(local);
+    }
+
+    fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
+        let mut local = self.local();
+        let at = local.outstanding.iter().position(|o| {
+            o.slot == r.slot && o.generation == r.generation && r.domain == self.map.domain_id()
+        });
+        let Some(at) = at else {
+            return Err(PoolError::RefGone(
+                "not an outstanding Ref of this process (revoked or collected already)".into(),
+            ));
+        };
+        let o = &local.outstanding[at];
+        let s = &self.map.slots()[o.slot as usize];
+        let ready = slot_word(o.generation, self.member, slot_state::READY);
+        let free = slot_word(o.generation, 0, slot_state::FREE);
+        let mapped = s
+            .state
+            .compare_exchange(ready, free, Ordering::AcqRel, Ordering::Acquire)
+            .is_err();
+        if mapped {
+            s.state.store(free, Ordering::Release);
+        }
+        let o = local.outstanding.remove(at).expect("index in range");
+        for p in o.pages {
+            self.unuse_page(&mut local, p);
+        }
+        if mapped {
+            return Err(PoolError::RefGone("it was mapped already".into()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn map_ref(&self, r: &Ref) -> Result<Vec<u32>, PoolError> {
+        let map = &self.map;
+        if r.domain != map.domain_id() {
+            return Err(PoolError::ForeignRef {
+                theirs: r.domain,
+                ours: map.domain_id(),
+            });
+        }
+        let slots = map.slots();
+        let s = slots
+            .get(r.slot as usize)
+            .ok_or_else(|| PoolError::InvalidRef(format!("slot {} out of range", r.slot)))?;
+        let word = s.state.load(Ordering::Acquire);
+        let (generation, creator, state) = slot_parts(word);
+        if generation != r.generation || state != slot_state::READY {
+            return Err(PoolError::RefGone(match state {
+                _ if generation != r.generation => {
+                    "it was mapped, revoked, or its creator exited".to_owned()
+                }
+                slot_state::TAKEN => "it was mapped already (a Ref maps once)".to_owned(),
+                _ => "it was revoked, or its creator exited".to_owned(),
+            }));
+        }
+        let len = s.len.load(Ordering::Relaxed);
+        let npages = s.npages.load(Ordering::Relaxed) as usize;
+        let ntables = s.ntables.load(Ordering::Relaxed) as usize;
+        if len != r.len
+            || len as usize > MAX_REF_BYTES
+            || npages != (len as usize).div_ceil(PAGE_SIZE)
+            || ntables != npages.div_ceil(TABLE_ENTRIES)
+        {
+            return Err(PoolError::InvalidRef(format!(
+                "length {} does not match its slot ({len} bytes, {npages} pages, {ntables} tables)",
+                r.len
+            )));
+        }
+        let valid = |p: u32| p < map.npages() && pages::holds(map, creator, p);
+        let mut list = Vec::with_capacity(npages);
+        for t in 0..ntables {
+            let table = s.tables[t].load(Ordering::Relaxed);
+            if !valid(table) {
+                return Err(PoolError::InvalidRef(format!(
+                    "page table {table} is not its creator's"
+                )));
+            }
+            let n = (npages - t * TABLE_ENTRIES).min(TABLE_ENTRIES);
+            let mut entries = vec![0u32; n];
+            // SAFETY: `table` is in bounds; n <= TABLE_ENTRIES u32s fit in one page. The
+            // entries are copied out before use and each is validated below.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    map.page_ptr(table),
+                    entries.as_mut_ptr() as *mut u8,
+                    n * 4,
+                )
+            };
+            list.extend_from_slice(&entries);
+        }
+        if let Some(&bad) = list.iter().find(|&&p| !valid(p)) {
+            return Err(PoolError::InvalidRef(format!(
+                "page {bad} is not its creator's"
+            )));
+        }
+        let mut local = self.local();
+        for (k, &p) in list.iter().enumerate() {
+            if let Err(e) = self.use_page(&mut local, p) {
+                for &q in &list[..k] {
+                    self.unuse_page(&mut local, q);
+                }
+                return Err(e);
+            }
+        }
+        // The slot must still be the one we validated: then its creator still held every page
+        // when we added ourselves, and the pages are the ones it shared.
+        let taken = slot_word(generation, creator, slot_state::TAKEN);
+        if s.state
+            .compare_exchange(word, taken, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            for &q in &list {
+                self.unuse_page(&mut local, q);
+            }
+            return Err(PoolError::RefGone(
+                "it was revoked (or mapped) while this process mapped it".into(),
+            ));
+        }
+        self.row().refs_mapped.fetch_add(1, Ordering::Relaxed);
+        Ok(list)
+    }
+
+    /// Gives back everything this process holds, then its member row.
+    fn leave(&self) {
+        let mut local = self.local();
+        self.collect(&mut local, true);
+        let handles: Vec<_> = local.handles.drain().collect();
+        for (_, (pages, _)) in handles {
+            for p in pages {
+                self.unuse_page(&mut local, p);
+            }
+        }
+        for page in std::mem::take(&mut local.lease) {
+            pages::release_sole(&self.map, self.member, page);
+        }
+        // Anything still marked ours (outstanding slots overwritten by others) goes too.
+        crate::coordinator::release_member(&self.map, self.member, true);
+    }
+}
+
+fn check_range(offset: usize, len: usize, size: usize) -> Result<(), PoolError> {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(PoolError::OutOfBounds { offset, len, size });
+    }
+    Ok(())
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.leave();
+        if let Some(link) = lock(&self.link).take() {
+            link.stop();
+        }
+    }
+}

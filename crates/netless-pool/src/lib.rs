@@ -1,0 +1,81 @@
+//! The domain page pool of netless: 4 KiB pages in shared memory that processes of one
+//! domain pass to each other by reference, with page-level copy-on-write (DmRPC).
+//!
+//! A [`Domain`] is this process's membership of a named domain. The first process to join
+//! founds it (creates the pool and serves the domain's socket; no daemon needed); the others
+//! receive the pool over that socket. [`SharedBuf`] is an owned buffer of pool pages;
+//! [`SharedBuf::share`] makes a 32-byte [`Ref`] that any message can carry and any process
+//! can forward without touching the data; [`Domain::map`] turns it back into a buffer that
+//! reads the same pages in place. The DmRPC calls (`ralloc`, `rfree`, `create_ref`, `map_ref`,
+//! `rread`, `rwrite`) are methods of [`Domain`].
+//!
+//! No page leaks: which members hold each page is recorded in the pool, so when a member dies
+//! (any signal) the coordinator sees its socket close and releases its pages and Refs.
+//!
+//! ```
+//! use netless_pool::{Domain, DomainConfig};
+//!
+//! let dir = std::env::temp_dir().join(format!("nl-pool-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let mut config = DomainConfig::new("doc");
+//! config.dir = Some(dir.clone());
+//! let domain = Domain::join(&config)?;
+//! let buf = domain.alloc_from(b"a large argument")?;
+//! let r = buf.share()?;                    // send r.to_bytes() in any message
+//! let received = domain.map(&r)?;          // in the receiving process
+//! assert_eq!(received.to_vec(), b"a large argument");
+//! # drop((buf, received, domain)); std::fs::remove_dir_all(dir).ok();
+//! # Ok::<(), netless_pool::PoolError>(())
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod buf;
+mod coordinator;
+mod domain;
+mod error;
+mod layout;
+mod pages;
+mod refs;
+
+pub use buf::SharedBuf;
+pub use domain::{Domain, DomainConfig, PoolStats, RAddr, MAX_LOCAL_REFS};
+pub use error::PoolError;
+pub use layout::{PoolGeometry, MAX_MEMBERS, MAX_REF_BYTES, PAGE_SIZE};
+pub use refs::Ref;
+
+impl Domain {
+    /// Joins the domain `config.name` in the socket directory, founding it (and coordinating
+    /// it from a thread of this process) if nobody does yet.
+    ///
+    /// # Errors
+    /// [`PoolError::Join`] if the coordinator refuses us (ACL, domain full) or none answers
+    /// within `join_timeout`; [`PoolError::Shm`] for socket or memfd failures.
+    pub fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
+        coordinator::join(config)
+    }
+
+    /// A domain of this process alone: a pool no other process can join (no socket). For
+    /// tests and single-process use.
+    pub fn private(geometry: PoolGeometry) -> Result<Domain, PoolError> {
+        let map = std::sync::Arc::new(layout::PoolMap::create(geometry, 0)?);
+        let member = 0;
+        let row = &map.members()[member];
+        let pid = std::process::id();
+        row.pid.store(pid, std::sync::atomic::Ordering::Relaxed);
+        row.start_time.store(
+            coordinator::process_start_time(pid).unwrap_or(0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        row.state.store(
+            1 << 32 | layout::member_state_alive(),
+            std::sync::atomic::Ordering::Release,
+        );
+        Ok(Domain::from_parts(
+            map,
+            member,
+            &DomainConfig::new("private"),
+            None,
+        ))
+    }
+}

@@ -1,0 +1,164 @@
+//! One-process semantics of the pool: copy-on-write, Ref validation, the DmRPC calls, limits.
+
+use netless_pool::{Domain, PoolError, PoolGeometry, Ref, PAGE_SIZE};
+
+fn domain() -> Domain {
+    Domain::private(PoolGeometry {
+        pages: 4096,
+        ref_slots: 8192,
+    })
+    .unwrap()
+}
+
+fn all_free(d: &Domain) -> bool {
+    let s = d.stats();
+    s.free_pages + s.held_pages == s.pages && s.held_pages == s.leased_pages
+}
+
+#[test]
+fn copy_on_write_isolates_both_sides() {
+    let d = domain();
+    let mut a = d.alloc_from(&vec![1u8; 5 * PAGE_SIZE + 100]).unwrap();
+    let r = a.share().unwrap();
+    let mut b = d.map(&r).unwrap();
+    assert_eq!(b.pages(), a.pages(), "mapping shares the pages");
+    let before = d.stats().pages_copied;
+    a.write(PAGE_SIZE + 10, &[2; 3]).unwrap();
+    assert_eq!(
+        d.stats().pages_copied - before,
+        1,
+        "one touched page copied"
+    );
+    b.write(0, &[3; PAGE_SIZE]).unwrap();
+    let va = a.to_vec();
+    let vb = b.to_vec();
+    assert_eq!(&va[..3], &[1, 1, 1]);
+    assert_eq!(&va[PAGE_SIZE + 10..PAGE_SIZE + 13], &[2, 2, 2]);
+    assert_eq!(&vb[..3], &[3, 3, 3]);
+    assert_eq!(&vb[PAGE_SIZE + 10..PAGE_SIZE + 13], &[1, 1, 1]);
+    assert_eq!(
+        a.pages()[2..],
+        b.pages()[2..],
+        "untouched pages stay shared"
+    );
+    drop((a, b));
+    assert!(all_free(&d));
+}
+
+#[test]
+fn sole_owner_writes_in_place_and_reads_zero_copy() {
+    let d = domain();
+    let mut a = d.alloc(3 * PAGE_SIZE).unwrap();
+    a.write(0, &[9; 3 * PAGE_SIZE]).unwrap();
+    assert_eq!(d.stats().pages_copied, 0);
+    let slice = a.as_slice().expect("a fresh allocation is contiguous");
+    assert!(slice.iter().all(|&b| b == 9));
+    assert_eq!(a.chunks().map(<[u8]>::len).sum::<usize>(), 3 * PAGE_SIZE);
+}
+
+#[test]
+fn refs_are_checked() {
+    let d = domain();
+    let a = d.alloc_from(b"hello").unwrap();
+    let r = a.share().unwrap();
+    // Another domain's Ref.
+    let other = domain();
+    let mut foreign = Ref::from_bytes(&r.to_bytes()).unwrap();
+    assert!(matches!(
+        other.map(&foreign),
+        Err(PoolError::RefGone(_)) | Err(PoolError::ForeignRef { .. })
+    ));
+    let mut bytes = r.to_bytes();
+    bytes[8] ^= 0x55; // domain id
+    foreign = Ref::from_bytes(&bytes).unwrap();
+    assert!(matches!(d.map(&foreign), Err(PoolError::ForeignRef { .. })));
+    // Forged: slot out of range, wrong generation, wrong length.
+    let mut bytes = r.to_bytes();
+    bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        d.map(&Ref::from_bytes(&bytes).unwrap()),
+        Err(PoolError::InvalidRef(_))
+    ));
+    let mut bytes = r.to_bytes();
+    bytes[16] ^= 1;
+    assert!(matches!(
+        d.map(&Ref::from_bytes(&bytes).unwrap()),
+        Err(PoolError::RefGone(_))
+    ));
+    let mut bytes = r.to_bytes();
+    bytes[24] ^= 1;
+    assert!(matches!(
+        d.map(&Ref::from_bytes(&bytes).unwrap()),
+        Err(PoolError::InvalidRef(_))
+    ));
+    // A Ref maps once.
+    let b = d.map(&r).unwrap();
+    let again = d.map(&r).unwrap_err();
+    assert!(again.to_string().contains("mapped already"), "{again}");
+    // Revoked Refs are gone.
+    let r2 = a.share().unwrap();
+    d.revoke(&r2).unwrap();
+    assert!(matches!(d.map(&r2), Err(PoolError::RefGone(_))));
+    assert!(matches!(d.revoke(&r2), Err(PoolError::RefGone(_))));
+    drop((a, b));
+    d.collect();
+    assert!(all_free(&d));
+}
+
+#[test]
+fn dmrpc_calls_and_double_free() {
+    let d = domain();
+    let addr = d.ralloc(10_000).unwrap();
+    d.rwrite(addr, 0, &[5; 10_000]).unwrap();
+    let r = d.create_ref(addr, 6000).unwrap();
+    let mapped = d.map_ref(&r).unwrap();
+    d.rwrite(mapped, 0, &[6; 10]).unwrap();
+    let mut out = [0u8; 10];
+    d.rread(addr, 0, &mut out).unwrap();
+    assert_eq!(out, [5; 10], "the caller never sees the callee's write");
+    d.rread(mapped, 0, &mut out).unwrap();
+    assert_eq!(out, [6; 10]);
+    assert!(matches!(
+        d.rread(mapped, 5995, &mut out),
+        Err(PoolError::OutOfBounds { .. })
+    ));
+    d.rfree(addr).unwrap();
+    assert!(matches!(d.rfree(addr), Err(PoolError::DoubleFree(_))));
+    d.rfree(mapped).unwrap();
+    d.collect();
+    assert!(all_free(&d), "{:?}", d.stats());
+}
+
+#[test]
+fn count_overflow_and_exhaustion_are_refused() {
+    let d = domain();
+    let a = d.alloc_from(b"x").unwrap();
+    let mut refs = Vec::new();
+    let err = loop {
+        match a.share() {
+            Ok(r) => refs.push(r),
+            Err(e) => break e,
+        }
+        assert!(refs.len() <= netless_pool::MAX_LOCAL_REFS as usize);
+    };
+    assert!(matches!(err, PoolError::CountOverflow { .. }), "{err}");
+    for r in &refs {
+        d.revoke(r).unwrap();
+    }
+    drop(a);
+    let small = Domain::private(PoolGeometry {
+        pages: 64,
+        ref_slots: 4,
+    })
+    .unwrap();
+    let err = small.alloc(65 * PAGE_SIZE).unwrap_err();
+    assert!(matches!(err, PoolError::Exhausted(_)), "{err}");
+    let buf = small.alloc(PAGE_SIZE).unwrap();
+    let refs: Vec<_> = (0..4).map(|_| buf.share().unwrap()).collect();
+    assert!(matches!(buf.share(), Err(PoolError::Exhausted(_))));
+    for r in &refs {
+        small.revoke(r).unwrap();
+    }
+    drop(buf);
+    assert!(all_free(&small));
+}
