@@ -171,7 +171,11 @@ where
 
     // Bidirectional: a reply arrives before the request stream ends.
     // The guide remembers notes across calls: each transport uses its own locations.
-    let base = if transport == "tcp" { 7_000 } else { 8_000 };
+    let base = match transport {
+        "tcp" => 7_000,
+        "netless" => 8_000,
+        _ => 9_000,
+    };
     let at = |i: i32, message: &str| RouteNote {
         location: Some(Point {
             latitude: base + i,

@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// TCP address (with `--transport tcp` or `both`); port 0 picks a free one.
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+    /// Join this page-pool domain: clients of the same domain send large messages by
+    /// reference (no copy through the receive buffer).
+    #[arg(long)]
+    pub domain: Option<String>,
 }
 
 /// The flags every example client takes.
@@ -57,7 +61,15 @@ where
 {
     let _netless = match args.transport {
         Transport::Netless | Transport::Both => {
+            let mut config = netless::ServerConfig::default();
+            if let Some(name) = &args.domain {
+                let domain = netless::netless_pool::Domain::join(
+                    &netless::netless_pool::DomainConfig::new(name),
+                )?;
+                config.domain = Some(domain);
+            }
             let serving = netless_grpc::GrpcServer::new()
+                .config(config)
                 .add_service(service.clone())
                 .serve()?;
             announce(&format!("netless={}", S::NAME));

@@ -7,6 +7,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use netless::netless_pool::{Domain, DomainConfig};
 use netless_examples::checks;
 use netless_examples::helloworld::greeter_client::GreeterClient;
 use netless_examples::routeguide::grid_point;
@@ -77,6 +78,21 @@ impl ServerProcess {
         Channel::connect_with(service, config).unwrap()
     }
 
+    /// A channel in the server's page-pool domain `ex` that sends every message of 1 KiB or
+    /// more by reference.
+    fn by_ref_channel(&self, service: &str) -> (Channel, Domain) {
+        let mut domain_config = DomainConfig::new("ex");
+        domain_config.dir = Some(self.dir.clone());
+        let domain = Domain::join(&domain_config).unwrap();
+        let config = netless::ClientConfig {
+            dir: Some(self.dir.clone()),
+            domain: Some(domain.clone()),
+            ref_threshold: 1024,
+            ..Default::default()
+        };
+        (Channel::connect_with(service, config).unwrap(), domain)
+    }
+
     /// The next `EVENT` line the server printed (within `limit`).
     fn event(&self, limit: Duration) -> Option<String> {
         self.events.recv_timeout(limit).ok()
@@ -113,21 +129,31 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn greeter_passes_the_same_suite_on_tcp_and_on_netless() {
-    let server = ServerProcess::start(env!("CARGO_BIN_EXE_greeter_server"), &[]);
+    let server = ServerProcess::start(env!("CARGO_BIN_EXE_greeter_server"), &["--domain", "ex"]);
     runtime().block_on(async {
         checks::greeter(GreeterClient::new(server.tcp_channel().await), "tcp").await;
         let channel = server.netless_channel("helloworld.Greeter");
         checks::greeter(GreeterClient::new(channel), "netless").await;
+        // The same suite with large messages passed by reference through the page pool.
+        let (channel, domain) = server.by_ref_channel("helloworld.Greeter");
+        checks::greeter(GreeterClient::new(channel), "netless-by-ref").await;
+        assert!(
+            domain.stats().bytes_copied >= 3 << 20,
+            "the suite's 3 MiB message went through the pool: {:?}",
+            domain.stats()
+        );
     });
 }
 
 #[test]
 fn routeguide_passes_the_same_suite_on_tcp_and_on_netless() {
-    let server = ServerProcess::start(env!("CARGO_BIN_EXE_routeguide_server"), &[]);
+    let server = ServerProcess::start(env!("CARGO_BIN_EXE_routeguide_server"), &["--domain", "ex"]);
     runtime().block_on(async {
         checks::routeguide(RouteGuideClient::new(server.tcp_channel().await), "tcp").await;
         let channel = server.netless_channel("routeguide.RouteGuide");
         checks::routeguide(RouteGuideClient::new(channel), "netless").await;
+        let (channel, _domain) = server.by_ref_channel("routeguide.RouteGuide");
+        checks::routeguide(RouteGuideClient::new(channel), "netless-by-ref").await;
     });
 }
 

@@ -29,7 +29,9 @@ use crate::blocks::BlockLease;
 use crate::call::{CallOptions, Reply};
 use crate::config::{resolve_socket, ClientConfig};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
-use crate::layout::{kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN};
+use crate::layout::{
+    kind, wire_flags, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+};
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment};
 use crate::spin_lock::SpinLock;
@@ -112,6 +114,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 pub(crate) struct Shared {
+    /// The page-pool domain shared with the server, if any: large payloads go as Refs.
+    pool: Option<netless_pool::Domain>,
     service: String,
     dir: PathBuf,
     config: ClientConfig,
@@ -223,15 +227,16 @@ impl Client {
             &Frame::Hello {
                 version: PROTOCOL_VERSION,
                 max_message: u32::try_from(config.max_message).unwrap_or(u32::MAX),
+                domain: config.domain.as_ref().map_or(0, |d| d.id()),
             }
             .encode(),
             &[conn.segment().fd()],
         )
         .map_err(hs)?;
         let (bytes, mut fds) = recv_frame(&socket, 1).map_err(hs)?;
-        let (conn_index, tag, token) = match Frame::decode(&bytes) {
-            Some(Frame::Welcome { version, conn_index, tag, token }) if version == PROTOCOL_VERSION => {
-                (conn_index, tag, token)
+        let (conn_index, tag, token, server_domain) = match Frame::decode(&bytes) {
+            Some(Frame::Welcome { version, conn_index, tag, token, domain }) if version == PROTOCOL_VERSION => {
+                (conn_index, tag, token, domain)
             }
             Some(Frame::Welcome { version, .. }) => {
                 return Err(Status::unavailable(format!(
@@ -264,7 +269,13 @@ impl Client {
                 })
             })
             .collect();
+        // Pass by reference only when both sides map the same pool.
+        let pool = config
+            .domain
+            .clone()
+            .filter(|d| server_domain != 0 && d.id() == server_domain);
         let shared = Arc::new(Shared {
+            pool,
             service: service.to_string(),
             dir,
             lease: BlockLease::new(
@@ -648,6 +659,21 @@ impl Shared {
                 self.service, self.server_max_message
             )));
         }
+        // A large payload is written once into pool pages and travels as a 32-byte Ref; the
+        // server maps it and its handler reads the pages in place.
+        let ref_bytes;
+        let (payload, flags) = match &self.pool {
+            Some(pool) if payload.len() >= self.config.ref_threshold.max(1) => {
+                let r = pool
+                    .alloc_from(payload)
+                    .and_then(|buf| buf.share())
+                    .map_err(crate::status::from_pool)?;
+                ref_bytes = r.to_bytes();
+                (&ref_bytes[..], wire_flags::PAYLOAD_REF)
+            }
+            _ => (payload, 0),
+        };
+        let body_len = method.len() + md_len + payload.len();
         if let Some(d) = deadline {
             if d <= Instant::now() {
                 return Err(Status::deadline_exceeded(
@@ -695,6 +721,7 @@ impl Shared {
             body_len: body_len as u32,
             method_len: method.len() as u32,
             metadata_len: md_len as u32,
+            reserved: [flags, 0],
             ..WireHeader::default()
         };
         let mut offset = 0usize;

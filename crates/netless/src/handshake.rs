@@ -18,7 +18,7 @@ const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
 const GREETING: u8 = 5;
 /// Protocol version carried in `Hello` and `Welcome`.
-pub(crate) const PROTOCOL_VERSION: u32 = 2;
+pub(crate) const PROTOCOL_VERSION: u32 = 3;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,12 +31,17 @@ pub(crate) enum Frame {
         /// The largest response body the client accepts: the server answers a call whose
         /// reply would be larger with `RESOURCE_EXHAUSTED` instead.
         max_message: u32,
+        /// The id of the page-pool domain the client belongs to (0: none). When the
+        /// server's is the same, large payloads may travel as Refs.
+        domain: u64,
     },
     Welcome {
         version: u32,
         conn_index: u32,
         tag: u32,
         token: u64,
+        /// The server's domain id (0: none).
+        domain: u64,
     },
     Reject(Status),
     Goodbye(Status),
@@ -49,10 +54,12 @@ impl Frame {
             Frame::Hello {
                 version,
                 max_message,
+                domain,
             } => {
                 out.push(HELLO);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&max_message.to_le_bytes());
+                out.extend_from_slice(&domain.to_le_bytes());
             }
             Frame::Greeting { version } => {
                 out.push(GREETING);
@@ -63,12 +70,14 @@ impl Frame {
                 conn_index,
                 tag,
                 token,
+                domain,
             } => {
                 out.push(WELCOME);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&conn_index.to_le_bytes());
                 out.extend_from_slice(&tag.to_le_bytes());
                 out.extend_from_slice(&token.to_le_bytes());
+                out.extend_from_slice(&domain.to_le_bytes());
             }
             Frame::Reject(status) | Frame::Goodbye(status) => {
                 out.push(if matches!(self, Frame::Reject(_)) {
@@ -92,15 +101,17 @@ impl Frame {
             GREETING if rest.len() == 4 => Some(Frame::Greeting {
                 version: u32_at(0)?,
             }),
-            HELLO if rest.len() == 8 => Some(Frame::Hello {
+            HELLO if rest.len() == 16 => Some(Frame::Hello {
                 version: u32_at(0)?,
                 max_message: u32_at(4)?,
+                domain: u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?),
             }),
-            WELCOME if rest.len() == 20 => Some(Frame::Welcome {
+            WELCOME if rest.len() == 28 => Some(Frame::Welcome {
                 version: u32_at(0)?,
                 conn_index: u32_at(4)?,
                 tag: u32_at(8)?,
                 token: u64::from_le_bytes(rest.get(12..20)?.try_into().ok()?),
+                domain: u64::from_le_bytes(rest.get(20..28)?.try_into().ok()?),
             }),
             REJECT | GOODBYE if rest.len() >= 2 => {
                 let code = Code::from_u16(u16::from_le_bytes([rest[0], rest[1]]))?;
@@ -127,6 +138,7 @@ mod tests {
             Frame::Hello {
                 version: 1,
                 max_message: 4 << 20,
+                domain: 7,
             },
             Frame::Greeting { version: 1 },
             Frame::Welcome {
@@ -134,6 +146,7 @@ mod tests {
                 conn_index: 3,
                 tag: 9,
                 token: u64::MAX,
+                domain: 0,
             },
             Frame::Reject(Status::new(Code::PermissionDenied, "no")),
             Frame::Goodbye(Status::new(Code::Unavailable, "bye")),

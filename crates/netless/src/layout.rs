@@ -72,6 +72,13 @@ pub mod kind {
     pub const RESPONSE: u16 = 2;
 }
 
+/// Bits of [`WireHeader::reserved`]`[0]` (request flags).
+pub mod wire_flags {
+    /// The payload is a 32-byte `netless_pool::Ref` to the real payload in the domain's page
+    /// pool (pass by reference); only on connections whose two sides share a domain.
+    pub const PAYLOAD_REF: u32 = 1;
+}
+
 /// The 64-byte header in front of every message.
 ///
 /// A message body is `method bytes ++ metadata encoding ++ payload`, `body_len` bytes in all.
@@ -105,6 +112,7 @@ pub struct WireHeader {
     pub metadata_len: u32,
     /// Request: number of blocks in the run holding this message.
     pub nblocks: u32,
+    /// `[flags (wire_flags), 0]`.
     pub reserved: [u32; 2],
 }
 /// Size of [`WireHeader`].

@@ -43,8 +43,9 @@ pub(crate) use netless_shm::sync;
 
 pub use call::{CallOptions, Reply, Request, ResponseBuilder};
 pub use client::Client;
-pub use config::{ClientConfig, ServerConfig, DEFAULT_MAX_MESSAGE};
+pub use config::{ClientConfig, ServerConfig, DEFAULT_MAX_MESSAGE, DEFAULT_REF_THRESHOLD};
 pub use metadata::{Metadata, MAX_KEY_LEN};
+pub use netless_pool;
 pub use netless_ring::{WaitMode, WaitPolicy};
 pub use netless_shm::Acl;
 pub use server::{ConnectionWatch, DeferredReply, Handler, Server, ServerStats};

@@ -28,7 +28,8 @@ use crate::call::{Request, ResponseBuilder};
 use crate::config::{resolve_socket, ServerConfig};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    block_state, conn_tag, kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+    block_state, conn_tag, kind, wire_flags, ResponseHeader, WireHeader, HEADER_LEN,
+    RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment};
@@ -175,6 +176,8 @@ struct Conn {
     partials: Mutex<HashMap<u64, Partial>>,
     /// The largest response body this client accepts (from its `Hello`).
     client_max: usize,
+    /// The client shares our page-pool domain: its payloads may arrive as Refs.
+    by_ref: bool,
 }
 
 /// A worker's reusable response buffers, so a steady stream of calls allocates nothing.
@@ -505,6 +508,11 @@ impl ServerShared {
     }
 
     /// Handshake with a new client; `None` if it was refused or failed.
+    /// Our page-pool domain's id, or 0.
+    fn domain_id(&self) -> u64 {
+        self.config.domain.as_ref().map_or(0, |d| d.id())
+    }
+
     fn admit(&self, socket: UnixStream, generation: u32) -> Option<Arc<Conn>> {
         let _ = socket.set_nonblocking(false);
         let _ = socket.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
@@ -538,11 +546,12 @@ impl ServerShared {
         };
         send_frame(&socket, &greeting.encode(), &[]).ok()?;
         let (bytes, mut fds) = recv_frame(&socket, 1).ok()?;
-        let client_max = match Frame::decode(&bytes) {
+        let (client_max, client_domain) = match Frame::decode(&bytes) {
             Some(Frame::Hello {
                 version,
                 max_message,
-            }) if version == PROTOCOL_VERSION => max_message as usize,
+                domain,
+            }) if version == PROTOCOL_VERSION => (max_message as usize, domain),
             Some(Frame::Hello { version, .. }) => {
                 return reject(Status::unavailable(format!(
                     "client speaks netless protocol {version}, server {PROTOCOL_VERSION}"
@@ -581,6 +590,7 @@ impl ServerShared {
             dead: AtomicBool::new(false),
             partials: Mutex::new(HashMap::new()),
             client_max,
+            by_ref: client_domain != 0 && client_domain == self.domain_id(),
         });
         *self.slots[index]
             .conn
@@ -592,6 +602,7 @@ impl ServerShared {
             conn_index: index as u32,
             tag,
             token,
+            domain: self.domain_id(),
         };
         if send_frame(
             &conn.socket,
@@ -909,10 +920,33 @@ impl ServerShared {
             std::mem::take(&mut response.metadata),
             std::mem::take(&mut response.payload),
         );
+        // A payload passed by reference: map the client's pages (declared before the builder,
+        // so a reply borrowing them with `reply_with` is sent before they are released).
+        let mapped;
+        let copied;
+        let mut payload = &body[md_end..];
+        let mut pool_error = None;
+        if h.reserved[0] & wire_flags::PAYLOAD_REF != 0 {
+            match self.map_payload(conn, payload) {
+                Ok(buf) => {
+                    mapped = buf;
+                    payload = match mapped.as_slice() {
+                        Some(slice) => slice,
+                        None => {
+                            copied = mapped.to_vec();
+                            &copied
+                        }
+                    };
+                }
+                Err(status) => pool_error = Some(status),
+            }
+        }
         // Built only if the handler asks for it, so a plain call clones no `Arc`.
         let defer = || self.defer(conn, h.call_id);
         builder.set_defer_hook(&defer);
-        let result = if expired {
+        let result = if let Some(status) = pool_error {
+            Err(status)
+        } else if expired {
             Err(Status::deadline_exceeded(
                 "deadline expired before the server started the call",
             ))
@@ -924,7 +958,7 @@ impl ServerShared {
             let request = Request {
                 method: &method,
                 metadata,
-                payload: &body[md_end..],
+                payload,
                 deadline,
             };
             // A panicking handler fails its call, not the worker (which would otherwise die
@@ -974,6 +1008,28 @@ impl ServerShared {
     }
 
     /// A handle to reply later to call `call_id` on `conn`.
+    /// Maps a request payload that came as a Ref.
+    fn map_payload(&self, conn: &Conn, bytes: &[u8]) -> Result<netless_pool::SharedBuf, Status> {
+        let domain = match &self.config.domain {
+            Some(d) if conn.by_ref => d,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the request's payload is a Ref, but this connection shares no page-pool \
+                     domain with the server",
+                ))
+            }
+        };
+        let r = netless_pool::Ref::from_bytes(bytes)?;
+        if r.len() > self.config.max_message {
+            return Err(Status::resource_exhausted(format!(
+                "request of {} bytes exceeds this service's maximum message size of {} bytes",
+                r.len(),
+                self.config.max_message
+            )));
+        }
+        Ok(domain.map(&r)?)
+    }
+
     fn defer(&self, conn: &Conn, call_id: u64) -> Result<DeferredReply, Status> {
         let server = self
             .this

@@ -173,6 +173,28 @@ impl Status {
     }
 }
 
+/// The gRPC status for a page-pool failure.
+pub(crate) fn from_pool(e: netless_pool::PoolError) -> Status {
+    use netless_pool::PoolError as E;
+    let code = match &e {
+        E::Exhausted(_) | E::CountOverflow { .. } => Code::ResourceExhausted,
+        E::ForeignRef { .. } | E::InvalidRef(_) | E::OutOfBounds { .. } | E::Config(_) => {
+            Code::InvalidArgument
+        }
+        E::RefGone(_) | E::DoubleFree(_) => Code::FailedPrecondition,
+        E::Corrupt(_) => Code::DataLoss,
+        E::Join { .. } | E::Shm(_) => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    Status::new(code, format!("page pool: {e}"))
+}
+
+impl From<netless_pool::PoolError> for Status {
+    fn from(e: netless_pool::PoolError) -> Status {
+        from_pool(e)
+    }
+}
+
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.code, self.message)
