@@ -81,16 +81,23 @@ fn row_alive(map: &PoolMap, member: usize) -> bool {
 /// row (`REAPING`); a leaving member calls it on itself.
 pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
     for s in map.slots() {
-        let word = s.state.load(Ordering::Acquire);
-        let (generation, creator, state) = slot_parts(word);
-        if creator == member && state != slot_state::FREE {
-            // A mapper racing us fails its compare-exchange on the old word.
-            let _ = s.state.compare_exchange(
+        let mut word = s.state.load(Ordering::Acquire);
+        loop {
+            let (generation, creator, state) = slot_parts(word);
+            if creator != member || state == slot_state::FREE {
+                break;
+            }
+            // A mapper racing us fails its compare-exchange on the old word. If its
+            // READY -> TAKEN won instead, free the TAKEN slot: only its creator would.
+            match s.state.compare_exchange(
                 word,
                 slot_word(generation, 0, slot_state::FREE),
                 Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => word = now,
+            }
         }
     }
     let freed = pages::reap(map, member);
@@ -104,26 +111,33 @@ pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
     }
 }
 
-/// Reaps every member row whose process is gone (except `skip`). Returns how many.
-pub(crate) fn reap_dead_members(map: &PoolMap, skip: Option<usize>) -> usize {
+/// Reaps every member row whose process is gone; `me` (this process's row, if any) is
+/// recorded as the reaper. Returns how many rows were reaped.
+pub(crate) fn reap_dead_members(map: &PoolMap, me: Option<usize>) -> usize {
     let mut reaped = 0;
+    let reaper = me.unwrap_or(0xff) as u64;
     for (m, row) in map.members().iter().enumerate() {
-        if Some(m) == skip {
+        if Some(m) == me {
             continue;
         }
         let word = row.state.load(Ordering::Acquire);
         let state = word & 0xff;
-        if (state == member_state::ALIVE
-            || state == member_state::JOINING
-            || state == member_state::REAPING)
-            && !row_alive(map, m)
-        {
-            // A reaper that died mid-reap left REAPING: reaping is idempotent, so redo it.
+        let candidate = match state {
+            member_state::ALIVE | member_state::JOINING => true,
+            // A reaper that died mid-reap left REAPING: reaping is idempotent, so redo it,
+            // but never alongside a live reaper (it would clear a reused row's bit).
+            member_state::REAPING => {
+                let by = ((word >> 8) & 0xff) as usize;
+                by >= MAX_MEMBERS || (Some(by) != me && !row_alive(map, by))
+            }
+            _ => false,
+        };
+        if candidate && !row_alive(map, m) {
             let won = row
                 .state
                 .compare_exchange(
                     word,
-                    (word & !0xff) | member_state::REAPING,
+                    (word & !0xffff) | reaper << 8 | member_state::REAPING,
                     Ordering::AcqRel,
                     Ordering::Relaxed,
                 )
@@ -513,8 +527,10 @@ impl Serve {
                     }
                     Ok(Attempt::NoCoordinator) => {}
                     Err(e) => {
-                        tracing::warn!("netless-pool: lost the domain's coordinator: {e}");
-                        return;
+                        // Keep trying: a slow or restarting coordinator must not leave this
+                        // member unable to take over later.
+                        tracing::warn!("netless-pool: rejoining the domain's coordinator: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
                     }
                 }
                 if let Ok(lock_file) = open_lock_file(&self.paths.lock) {

@@ -792,6 +792,18 @@ impl Inner {
                 _ => "it was revoked, or its creator exited".to_owned(),
             }));
         }
+        // The slot can be revoked, or its creator reaped, while we read it (its pages then
+        // freed and reused): a failed check on a slot that changed meanwhile means the Ref is
+        // gone, not forged.
+        let invalid = |why: String| {
+            if s.state.load(Ordering::Acquire) != word {
+                PoolError::RefGone(
+                    "it was revoked, or its creator exited, while this process mapped it".into(),
+                )
+            } else {
+                PoolError::InvalidRef(why)
+            }
+        };
         let len = s.len.load(Ordering::Relaxed);
         let npages = s.npages.load(Ordering::Relaxed) as usize;
         let ntables = s.ntables.load(Ordering::Relaxed) as usize;
@@ -800,7 +812,7 @@ impl Inner {
             || npages != (len as usize).div_ceil(PAGE_SIZE)
             || ntables != npages.div_ceil(TABLE_ENTRIES)
         {
-            return Err(PoolError::InvalidRef(format!(
+            return Err(invalid(format!(
                 "length {} does not match its slot ({len} bytes, {npages} pages, {ntables} tables)",
                 r.len
             )));
@@ -810,9 +822,7 @@ impl Inner {
         for t in 0..ntables {
             let table = s.tables[t].load(Ordering::Relaxed);
             if !valid(table) {
-                return Err(PoolError::InvalidRef(format!(
-                    "page table {table} is not its creator's"
-                )));
+                return Err(invalid(format!("page table {table} is not its creator's")));
             }
             let n = (npages - t * TABLE_ENTRIES).min(TABLE_ENTRIES);
             let mut entries = vec![0u32; n];
@@ -828,9 +838,7 @@ impl Inner {
             list.extend_from_slice(&entries);
         }
         if let Some(&bad) = list.iter().find(|&&p| !valid(p)) {
-            return Err(PoolError::InvalidRef(format!(
-                "page {bad} is not its creator's"
-            )));
+            return Err(invalid(format!("page {bad} is not its creator's")));
         }
         let mut local = self.local();
         for (k, &p) in list.iter().enumerate() {
