@@ -40,6 +40,8 @@ enum BenchCommand {
     Grpc(bench::grpc::Args),
     /// Split gRPC Figure 2: one tonic process vs gateway + business-logic process.
     Split(bench::split::Args),
+    /// DmRPC Figs. 5-7: pass by value vs by reference (domain page pool), copy-on-write.
+    Dmrpc(bench::dmrpc::Args),
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,6 +68,19 @@ enum PeerCommand {
         #[arg(long)]
         pin_cpu: Option<usize>,
     },
+    /// A tier of the DmRPC bench: serves a service, forwards to --next or does the work.
+    DmrpcTier(bench::dmrpc::TierArgs),
+    /// The server of the DmRPC bench's by-value / by-reference crossover.
+    TransferServer {
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        #[arg(long)]
+        domain: String,
+        #[arg(long)]
+        service: String,
+        #[arg(long)]
+        pin_cpu: Option<usize>,
+    },
     /// The other end of the shared-memory floor ping-pong.
     Floor {
         #[arg(long)]
@@ -84,6 +99,16 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Echo(args)) => bench::echo::run(args),
         Command::Bench(BenchCommand::Grpc(args)) => bench::grpc::run(args),
         Command::Bench(BenchCommand::Split(args)) => bench::split::run(args),
+        Command::Bench(BenchCommand::Dmrpc(args)) => bench::dmrpc::run(args),
+        Command::BenchPeer(PeerCommand::DmrpcTier(args)) => {
+            bench::dmrpc::serve_tier(args).map(|()| ExitCode::SUCCESS)
+        }
+        Command::BenchPeer(PeerCommand::TransferServer {
+            dir,
+            domain,
+            service,
+            pin_cpu,
+        }) => bench::transfer::serve(&dir, &domain, &service, pin_cpu).map(|()| ExitCode::SUCCESS),
         Command::BenchPeer(PeerCommand::SplitBaseline { pin_cpu }) => {
             bench::split::serve_baseline(pin_cpu).map(|()| ExitCode::SUCCESS)
         }

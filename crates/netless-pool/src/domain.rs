@@ -125,8 +125,6 @@ struct Outstanding {
 struct Local {
     counts: Vec<u32>,
     lease: Vec<u32>,
-    batch_cursor: usize,
-    run_cursor: usize,
     slot_cursor: usize,
     outstanding: VecDeque<Outstanding>,
     handles: HashMap<u64, (Vec<u32>, usize)>,
@@ -153,8 +151,6 @@ impl Domain {
                 local: Mutex::new(Local {
                     counts: vec![0; npages],
                     lease: Vec::new(),
-                    batch_cursor: member * 7,
-                    run_cursor: member * 13,
                     slot_cursor: member * 64,
                     outstanding: VecDeque::new(),
                     handles: HashMap::new(),
@@ -401,9 +397,10 @@ impl Inner {
         }
         let target = need.max((self.lease_low + self.lease_high) / 2);
         let want = target - local.lease.len();
-        let mut cursor = local.batch_cursor;
+        // First fit: the lowest free pages were most likely used before, so they are already
+        // faulted in (a page of the memfd costs a fault and zeroing on first touch).
+        let mut cursor = 0;
         pages::claim_batch(&self.map, self.member, want, &mut cursor, &mut local.lease);
-        local.batch_cursor = cursor;
         if local.lease.len() < need {
             return Err(PoolError::Exhausted(format!(
                 "needed {need} free pages, the pool of {} pages has only {} free: free \
@@ -453,9 +450,9 @@ impl Inner {
             return Ok(vec![self.fresh_page(&mut local)?]);
         }
         if n > 1 {
-            let mut cursor = local.run_cursor;
+            // First fit, as for leases: reuse warm pages.
+            let mut cursor = 0;
             let run = pages::claim_run(&self.map, self.member, n, &mut cursor);
-            local.run_cursor = cursor;
             if let Some(first) = run {
                 let pages: Vec<u32> = (first..first + n as u32).collect();
                 for &p in &pages {

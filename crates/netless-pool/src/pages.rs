@@ -94,6 +94,19 @@ pub(crate) fn claim_run(map: &PoolMap, member: usize, n: usize, cursor: &mut usi
             scanned += 64;
             continue;
         }
+        // Jump to the next hinted page of this word (pages that are held are skipped a word
+        // at a time, not bit by bit).
+        let rest = hints[p / 64].load(Ordering::Relaxed) >> (p % 64);
+        if rest == 0 || rest & 1 == 0 {
+            let skip = if rest == 0 {
+                64 - p % 64
+            } else {
+                rest.trailing_zeros() as usize
+            };
+            p += skip;
+            scanned += skip;
+            continue;
+        }
         let mut len = 0;
         while len < n && hinted(p + len) {
             len += 1;

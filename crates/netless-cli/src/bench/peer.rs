@@ -1,4 +1,4 @@
-//! The server processes the gRPC benchmarks spawn: started with their `LISTENING <what>`
+//! The server processes the benchmarks spawn: started with their `LISTENING <what>`
 //! line read, stopped and reaped when dropped.
 
 use std::path::Path;
@@ -81,4 +81,23 @@ pub fn spawn_gateway(exe: &Path, cpu: Option<usize>) -> anyhow::Result<(Peer, St
         args.extend(["--pin-cpu", cpu]);
     }
     Peer::spawn(exe, &args, Stop::Sigterm)
+}
+
+/// CPU time (user + system) a process has used so far.
+pub fn cpu_time(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz)
 }

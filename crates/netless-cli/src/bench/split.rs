@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use tonic::{Request, Response, Status};
 
-use super::peer::{spawn_gateway, Peer, Stop};
+use super::peer::{cpu_time, spawn_gateway, Peer, Stop};
 use super::proto::{Echo, EchoClient, EchoReply, EchoRequest, EchoServer};
 use super::report;
 
@@ -125,25 +125,6 @@ pub fn serve_logic(pin_cpu: Option<usize>) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
     Ok(())
-}
-
-/// CPU time (user + system) a process has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Duration::ZERO;
-    };
-    let Some(close) = stat.rfind(')') else {
-        return Duration::ZERO;
-    };
-    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let hz = rustix::param::clock_ticks_per_second().max(1);
-    Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz)
 }
 
 /// A setup under test: its name, the client that reaches it, and its processes (by name).
