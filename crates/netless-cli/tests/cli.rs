@@ -667,6 +667,16 @@ fn bench_dmrpc_passes_by_reference_and_counts_the_copies() {
         }
     }
     assert_eq!(rows.len(), 62, "{text}");
+    // The crossover experiment measured both variants at each of its sizes (every reply's
+    // sum was checked by the benchmark itself).
+    let transfer = v["transfer"].as_array().expect("transfer rows");
+    assert_eq!(transfer.len(), 2, "{text}");
+    for row in transfer {
+        assert!(
+            f(row, "by_value_p50_us") > 0.0 && f(row, "by_ref_p50_us") > 0.0,
+            "{row}"
+        );
+    }
     for row in rows {
         // Every reply was checked: the sums in the chain and the load balancer, what the
         // callee saw and the client's buffer afterwards in the cow experiment.
