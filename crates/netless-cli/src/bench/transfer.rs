@@ -200,11 +200,21 @@ pub fn print(rows: &[TransferRow]) {
         );
     }
     match crossover(rows) {
-        Some(at) => println!(
-            "crossover: by reference is faster from {} up",
-            report::fmt_bytes(at)
-        ),
-        None => println!("crossover: by reference was not faster at the largest size measured"),
+        Some(at) => {
+            println!(
+                "crossover: by reference is first faster at {}",
+                report::fmt_bytes(at)
+            );
+            let slower: Vec<String> = rows
+                .iter()
+                .filter(|r| r.payload_bytes > at && r.speedup < 1.0)
+                .map(|r| report::fmt_bytes(r.payload_bytes))
+                .collect();
+            if !slower.is_empty() {
+                println!("  (but slower again at {})", slower.join(", "));
+            }
+        }
+        None => println!("crossover: by reference was faster at no measured size"),
     }
 }
 
