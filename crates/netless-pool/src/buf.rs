@@ -58,6 +58,9 @@ impl SharedBuf {
 
     /// The buffer as one slice, if its pages are contiguous in the pool (allocations are,
     /// when a free run was available); `None` otherwise (use [`SharedBuf::chunks`]).
+    ///
+    /// The bytes live in shared memory: honest members never write a shared page, but a
+    /// malicious member of the domain could; copy what you validate and then rely on.
     pub fn as_slice(&self) -> Option<&[u8]> {
         let first = *self.pages.first()?;
         let contiguous = self
@@ -65,9 +68,11 @@ impl SharedBuf {
             .iter()
             .enumerate()
             .all(|(i, &p)| p == first + i as u32);
-        // SAFETY: the pages [first, first + n) are in bounds and held by this buffer, so no
-        // other member writes them (pages are written only by a sole holder with one use);
-        // `len <= n * PAGE_SIZE`; the borrow of `self` keeps them held and unwritten.
+        // SAFETY: the pages [first, first + n) are in bounds (validated when the buffer was
+        // made) and `len <= n * PAGE_SIZE`; the borrow of `self` keeps them held. An honest
+        // member writes a page only as its sole holder with one use, so none writes these; a
+        // malicious member can change the bytes (as in any shared-memory read), never the
+        // bounds. Callers that validate and re-read sensitive bytes should copy them first.
         contiguous.then(|| unsafe {
             std::slice::from_raw_parts(self.domain.inner.map.page_ptr(first), self.len)
         })

@@ -82,7 +82,8 @@ fn row_alive(map: &PoolMap, member: usize) -> bool {
 pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
     for s in map.slots() {
         let mut word = s.state.load(Ordering::Acquire);
-        loop {
+        // Bounded: a peer that keeps rewriting the word cannot hold us here.
+        for _ in 0..64 {
             let (generation, creator, state) = slot_parts(word);
             if creator != member || state == slot_state::FREE {
                 break;
@@ -102,10 +103,18 @@ pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
     }
     let freed = pages::reap(map, member);
     let row = &map.members()[member];
-    let generation = row.state.load(Ordering::Acquire) >> 32;
+    let word = row.state.load(Ordering::Acquire);
+    let free = (word >> 32) << 32 | member_state::FREE;
     row.pid.store(0, Ordering::Relaxed);
-    row.state
-        .store(generation << 32 | member_state::FREE, Ordering::Release);
+    // Exactly the word we (the reaper, or the leaving member) own: never overwrite a row that
+    // someone else has since changed.
+    if row
+        .state
+        .compare_exchange(word, free, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        tracing::warn!("netless-pool: member row {member} changed while it was released");
+    }
     if !leaving {
         tracing::info!("netless-pool: reaped dead member {member}: {freed} pages freed");
     }
@@ -128,7 +137,7 @@ pub(crate) fn reap_dead_members(map: &PoolMap, me: Option<usize>) -> usize {
             // but never alongside a live reaper (it would clear a reused row's bit).
             member_state::REAPING => {
                 let by = ((word >> 8) & 0xff) as usize;
-                by >= MAX_MEMBERS || (Some(by) != me && !row_alive(map, by))
+                by < MAX_MEMBERS && Some(by) != me && !row_alive(map, by)
             }
             _ => false,
         };
@@ -152,7 +161,7 @@ pub(crate) fn reap_dead_members(map: &PoolMap, me: Option<usize>) -> usize {
 }
 
 /// Claims a free member row for process `pid`.
-fn claim_row(map: &PoolMap, pid: u32) -> Option<(usize, u32)> {
+fn claim_row(map: &PoolMap, pid: u32, me: Option<usize>) -> Option<(usize, u32)> {
     let start = process_start_time(pid)?;
     for _ in 0..2 {
         for (m, row) in map.members().iter().enumerate() {
@@ -179,14 +188,23 @@ fn claim_row(map: &PoolMap, pid: u32) -> Option<(usize, u32)> {
                 }
                 // Pages still marked with this bit (a dead holder nobody reaped) go first.
                 pages::reap(map, m);
-                row.state.store(
-                    u64::from(generation) << 32 | member_state::ALIVE,
-                    Ordering::Release,
-                );
-                return Some((m, generation));
+                // A reaper that took the row meanwhile (it saw a half-written identity) wins;
+                // try another row.
+                if row
+                    .state
+                    .compare_exchange(
+                        joining,
+                        u64::from(generation) << 32 | member_state::ALIVE,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    return Some((m, generation));
+                }
             }
         }
-        reap_dead_members(map, None);
+        reap_dead_members(map, me);
     }
     None
 }
@@ -337,7 +355,7 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
             && try_flock(&members, FlockOperation::NonBlockingLockExclusive)
         {
             let map = Arc::new(PoolMap::create(config.geometry, random_id())?);
-            let (member, _) = claim_row(&map, std::process::id())
+            let (member, _) = claim_row(&map, std::process::id(), None)
                 .ok_or_else(|| join_err(config, "cannot claim a member row".into()))?;
             rustix::fs::flock(&members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
@@ -649,7 +667,7 @@ impl Serve {
         let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
         let pid = cred.pid.max(0) as u32;
         let (member, generation, pass_fd) = if member == u32::MAX as usize {
-            match claim_row(&self.map, pid) {
+            match claim_row(&self.map, pid, Some(self.member)) {
                 Some((m, g)) => (m, g, true),
                 None => return refuse(format!("the domain is full ({MAX_MEMBERS} members)")),
             }

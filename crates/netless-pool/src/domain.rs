@@ -214,8 +214,28 @@ impl Domain {
     /// forged or corrupt one; [`PoolError::RefGone`] if it was already mapped, revoked, or its
     /// creator exited; [`PoolError::CountOverflow`].
     pub fn map(&self, r: &Ref) -> Result<SharedBuf, PoolError> {
-        let pages = self.inner.map_ref(r)?;
+        let pages = self.inner.map_ref(r, None)?;
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
+    }
+
+    /// Maps a Ref only if process `pid` created it: for a server that receives Refs from a
+    /// connection whose peer it knows (`SO_PEERCRED`), so a peer cannot make it map Refs
+    /// meant for someone else.
+    ///
+    /// # Errors
+    /// As [`Domain::map`], and [`PoolError::InvalidRef`] if another process created it.
+    pub fn map_from(&self, r: &Ref, pid: u32) -> Result<SharedBuf, PoolError> {
+        let pages = self.inner.map_ref(r, Some(pid))?;
+        Ok(SharedBuf::new(self.clone(), pages, r.len()))
+    }
+
+    /// Whether process `pid` is a live member of this domain.
+    pub fn has_member(&self, pid: u32) -> bool {
+        pid != 0
+            && self.inner.map.members().iter().any(|m| {
+                m.state.load(Ordering::Acquire) & 0xff == member_state::ALIVE
+                    && m.pid.load(Ordering::Acquire) == pid
+            })
     }
 
     /// Revokes a Ref this process created and nobody mapped: its hold on the pages ends.
@@ -287,27 +307,27 @@ impl Domain {
     /// `create_ref(addr, size)`: a Ref to the first `size` bytes of `addr`'s buffer. The
     /// buffer becomes copy-on-write for both sides.
     pub fn create_ref(&self, addr: RAddr, size: usize) -> Result<Ref, PoolError> {
-        let pages = {
-            let local = self.inner.local();
-            let (pages, len) = local
-                .handles
-                .get(&addr.0)
-                .ok_or(PoolError::DoubleFree(addr.0))?;
-            if size > *len {
-                return Err(PoolError::OutOfBounds {
-                    offset: 0,
-                    len: size,
-                    size: *len,
-                });
-            }
-            pages[..size.div_ceil(PAGE_SIZE)].to_vec()
-        };
-        self.inner.create_ref(&pages, size)
+        // One lock for the lookup and the Ref, so a concurrent rfree or rwrite of `addr`
+        // cannot release the pages in between.
+        let mut local = self.inner.local();
+        let (pages, len) = local
+            .handles
+            .get(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))?;
+        if size > *len {
+            return Err(PoolError::OutOfBounds {
+                offset: 0,
+                len: size,
+                size: *len,
+            });
+        }
+        let pages = pages[..size.div_ceil(PAGE_SIZE)].to_vec();
+        self.inner.create_ref_locked(&mut local, &pages, size)
     }
 
     /// `map_ref(ref)`: maps a Ref and returns its address handle.
     pub fn map_ref(&self, r: &Ref) -> Result<RAddr, PoolError> {
-        let pages = self.inner.map_ref(r)?;
+        let pages = self.inner.map_ref(r, None)?;
         Ok(self.inner.new_handle(pages, r.len()))
     }
 
@@ -576,7 +596,16 @@ impl Inner {
 
     pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {
         let mut local = self.local();
-        self.collect(&mut local, false);
+        self.create_ref_locked(&mut local, data_pages, len)
+    }
+
+    fn create_ref_locked(
+        &self,
+        local: &mut Local,
+        data_pages: &[u32],
+        len: usize,
+    ) -> Result<Ref, PoolError> {
+        self.collect(local, false);
         let ntables = data_pages.len().div_ceil(TABLE_ENTRIES);
         if ntables > SLOT_TABLES {
             return Err(PoolError::Config(format!(
@@ -585,9 +614,9 @@ impl Inner {
         }
         // Count the uses first, so an overflow leaves nothing half-done.
         for (k, &p) in data_pages.iter().enumerate() {
-            if let Err(e) = self.use_page(&mut local, p) {
+            if let Err(e) = self.use_page(local, p) {
                 for &q in &data_pages[..k] {
-                    self.unuse_page(&mut local, q);
+                    self.unuse_page(local, q);
                 }
                 return Err(e);
             }
@@ -597,8 +626,8 @@ impl Inner {
                 self.unuse_page(local, q);
             }
         };
-        let Some((slot, generation)) = self.claim_slot(&mut local) else {
-            undo(&mut local, &[]);
+        let Some((slot, generation)) = self.claim_slot(local) else {
+            undo(local, &[]);
             return Err(PoolError::Exhausted(format!(
                 "all {} ref slots of the domain are in use: map or revoke Refs, or give the \
                  domain more ref_slots",
@@ -608,10 +637,10 @@ impl Inner {
         let s = &self.map.slots()[slot as usize];
         let mut tables = Vec::with_capacity(ntables);
         for t in 0..ntables {
-            let page = match self.fresh_page(&mut local) {
+            let page = match self.fresh_page(local) {
                 Ok(p) => p,
                 Err(e) => {
-                    undo(&mut local, &tables);
+                    undo(local, &tables);
                     s.state.store(
                         slot_word(generation, 0, slot_state::FREE),
                         Ordering::Release,
@@ -766,7 +795,7 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn map_ref(&self, r: &Ref) -> Result<Vec<u32>, PoolError> {
+    pub(crate) fn map_ref(&self, r: &Ref, from_pid: Option<u32>) -> Result<Vec<u32>, PoolError> {
         let map = &self.map;
         if r.domain != map.domain_id() {
             return Err(PoolError::ForeignRef {
@@ -780,6 +809,21 @@ impl Inner {
             .ok_or_else(|| PoolError::InvalidRef(format!("slot {} out of range", r.slot)))?;
         let word = s.state.load(Ordering::Acquire);
         let (generation, creator, state) = slot_parts(word);
+        if creator >= crate::layout::MAX_MEMBERS {
+            return Err(PoolError::InvalidRef(format!(
+                "its slot names creator {creator}, beyond the member table"
+            )));
+        }
+        if let Some(pid) = from_pid {
+            let row = &map.members()[creator];
+            if row.pid.load(Ordering::Acquire) != pid
+                || row.state.load(Ordering::Acquire) & 0xff != member_state::ALIVE
+            {
+                return Err(PoolError::InvalidRef(format!(
+                    "it was not created by the sending process (pid {pid})"
+                )));
+            }
+        }
         if generation != r.generation || state != slot_state::READY {
             return Err(PoolError::RefGone(match state {
                 _ if generation != r.generation => {

@@ -17,7 +17,10 @@ use crate::layout::{PoolMap, HOLDER_MASK};
 use crate::PoolError;
 
 pub(crate) fn bit(member: usize) -> u64 {
-    1 << member
+    // Member indexes come from our own row or are checked against MAX_MEMBERS first; the
+    // mask keeps a bad one from overflowing the shift.
+    debug_assert!(member < crate::layout::MAX_MEMBERS, "member index {member}");
+    1 << (member & 63)
 }
 
 fn set_hint(map: &PoolMap, page: u32) {
@@ -141,8 +144,11 @@ fn take_run(map: &PoolMap, member: usize, p: usize, n: usize) -> Option<u32> {
             ((1u64 << (hi - q)) - 1) << (q % 64)
         };
         let mut cur = hints[w].load(Ordering::Relaxed);
+        let mut tries = 0;
         let swapped = loop {
-            if cur & mask != mask {
+            tries += 1;
+            // Bounded: a word others keep changing is treated as taken.
+            if cur & mask != mask || tries > 64 {
                 break false;
             }
             match hints[w].compare_exchange_weak(

@@ -162,3 +162,17 @@ fn count_overflow_and_exhaustion_are_refused() {
     drop(buf);
     assert!(all_free(&small));
 }
+
+#[test]
+fn map_from_accepts_only_the_creators_refs() {
+    let d = domain();
+    let a = d.alloc_from(b"mine").unwrap();
+    let r = a.share().unwrap();
+    // A server maps a connection's Refs only if that peer created them.
+    let err = d.map_from(&r, 1).unwrap_err();
+    assert!(matches!(err, PoolError::InvalidRef(_)), "{err}");
+    assert!(d.has_member(std::process::id()));
+    assert!(!d.has_member(1));
+    let b = d.map_from(&r, std::process::id()).unwrap();
+    assert_eq!(b.to_vec(), b"mine");
+}

@@ -109,6 +109,17 @@ impl CallSlot {
     }
 }
 
+/// A Ref made for a request that may not be sent: revoked on drop unless disarmed.
+struct RevokeUnsent<'a>(Option<(&'a netless_pool::Domain, netless_pool::Ref)>);
+
+impl Drop for RevokeUnsent<'_> {
+    fn drop(&mut self) {
+        if let Some((pool, r)) = self.0.take() {
+            let _ = pool.revoke(&r);
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -662,6 +673,8 @@ impl Shared {
         // A large payload is written once into pool pages and travels as a 32-byte Ref; the
         // server maps it and its handler reads the pages in place.
         let ref_bytes;
+        // Revokes the Ref if the request is not sent (its pages go back at once).
+        let mut unsent = RevokeUnsent(None);
         let (payload, flags) = match &self.pool {
             Some(pool) if payload.len() >= self.config.ref_threshold.max(1) => {
                 let r = pool
@@ -669,6 +682,7 @@ impl Shared {
                     .and_then(|buf| buf.share())
                     .map_err(crate::status::from_pool)?;
                 ref_bytes = r.to_bytes();
+                unsent.0 = Some((pool, r));
                 (&ref_bytes[..], wire_flags::PAYLOAD_REF)
             }
             _ => (payload, 0),
@@ -742,6 +756,7 @@ impl Shared {
             first = false;
             offset += frag_len;
             if offset >= body_len {
+                unsent.0 = None;
                 return Ok((index, call_id));
             }
         }

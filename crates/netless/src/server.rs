@@ -178,6 +178,8 @@ struct Conn {
     client_max: usize,
     /// The client shares our page-pool domain: its payloads may arrive as Refs.
     by_ref: bool,
+    /// The client's pid (`SO_PEERCRED`): it may send only Refs it created.
+    peer_pid: u32,
 }
 
 /// A worker's reusable response buffers, so a steady stream of calls allocates nothing.
@@ -524,8 +526,8 @@ impl ServerShared {
             None
         };
         // The ACL is checked before anything is read or any fd is passed.
-        match peer_cred(&socket) {
-            Ok(cred) if self.config.acl.allows(&cred) => {}
+        let peer_pid = match peer_cred(&socket) {
+            Ok(cred) if self.config.acl.allows(&cred) => cred.pid.max(0) as u32,
             Ok(cred) => {
                 return reject(Status::new(
                     Code::PermissionDenied,
@@ -540,7 +542,7 @@ impl ServerShared {
                 ))
             }
             Err(e) => return reject(Status::unavailable(format!("cannot read peer credentials: {e}"))),
-        }
+        };
         let greeting = Frame::Greeting {
             version: PROTOCOL_VERSION,
         };
@@ -590,7 +592,16 @@ impl ServerShared {
             dead: AtomicBool::new(false),
             partials: Mutex::new(HashMap::new()),
             client_max,
-            by_ref: client_domain != 0 && client_domain == self.domain_id(),
+            // Refs only from a process the domain itself admitted (checked against the
+            // domain's member table, not the id the client claims), and only its own.
+            by_ref: client_domain != 0
+                && client_domain == self.domain_id()
+                && self
+                    .config
+                    .domain
+                    .as_ref()
+                    .is_some_and(|d| d.has_member(peer_pid)),
+            peer_pid,
         });
         *self.slots[index]
             .conn
@@ -1027,7 +1038,7 @@ impl ServerShared {
                 self.config.max_message
             )));
         }
-        Ok(domain.map(&r)?)
+        Ok(domain.map_from(&r, conn.peer_pid)?)
     }
 
     fn defer(&self, conn: &Conn, call_id: u64) -> Result<DeferredReply, Status> {
