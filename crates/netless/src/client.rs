@@ -380,6 +380,15 @@ impl Client {
         let (index, call_id) =
             shared.submit(method, options.request_metadata(), payload, deadline, false)?;
         let result = shared.wait_blocking(index, call_id, deadline, out);
+        if let Some(pool) = shared
+            .pool
+            .as_ref()
+            .filter(|_| shared.by_ref(payload.len()))
+        {
+            // The server has mapped (or refused) the request's Ref: end our hold on its
+            // pages now rather than at our next pool operation.
+            pool.collect();
+        }
         if shared.abandoned.load(Ordering::Relaxed) > 0 {
             // Someone gave up on a call: make sure its late reply gets drained.
             self.ensure_reaper();
@@ -398,7 +407,13 @@ impl Client {
     ) -> impl Future<Output = Result<Reply, Status>> + Send + 'static {
         let shared = &self.handle.shared;
         let deadline = shared.deadline_for(options);
-        let body = method.len() + options.request_metadata().encoded_len() + payload.len();
+        // A payload that goes by reference leaves only its 32-byte Ref in the body.
+        let sent = if shared.by_ref(payload.len()) {
+            netless_pool::Ref::LEN
+        } else {
+            payload.len()
+        };
+        let body = method.len() + options.request_metadata().encoded_len() + sent;
         let state = if body > shared.fragment_body {
             // Sending fragments may wait for buffer space: do it on a helper thread.
             let client = self.clone();
@@ -503,6 +518,11 @@ impl Drop for Handle {
 }
 
 impl Shared {
+    /// Whether a payload of `len` bytes travels by reference on this connection.
+    fn by_ref(&self, len: usize) -> bool {
+        self.pool.is_some() && len >= self.config.ref_threshold.max(1)
+    }
+
     /// The call's deadline, or the client's default timeout from now.
     fn deadline_for(&self, options: &CallOptions) -> Option<Instant> {
         options.deadline().or_else(|| {
@@ -676,7 +696,7 @@ impl Shared {
         // Revokes the Ref if the request is not sent (its pages go back at once).
         let mut unsent = RevokeUnsent(None);
         let (payload, flags) = match &self.pool {
-            Some(pool) if payload.len() >= self.config.ref_threshold.max(1) => {
+            Some(pool) if self.by_ref(payload.len()) => {
                 let r = pool
                     .alloc_from(payload)
                     .and_then(|buf| buf.share())
