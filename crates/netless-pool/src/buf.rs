@@ -68,11 +68,10 @@ impl SharedBuf {
             .iter()
             .enumerate()
             .all(|(i, &p)| p == first + i as u32);
-        // SAFETY: the pages [first, first + n) are in bounds (validated when the buffer was
-        // made) and `len <= n * PAGE_SIZE`; the borrow of `self` keeps them held. An honest
-        // member writes a page only as its sole holder with one use, so none writes these; a
-        // malicious member can change the bytes (as in any shared-memory read), never the
-        // bounds. Callers that validate and re-read sensitive bytes should copy them first.
+        // Honest members never write a shared page; a malicious one can change the bytes (as
+        // in any shared-memory read), never the bounds (see the method's doc).
+        // SAFETY: pages [first, first + n) are in bounds and held while `self` is borrowed,
+        // and len <= n * PAGE_SIZE, so the slice lies inside the mapping.
         contiguous.then(|| unsafe {
             std::slice::from_raw_parts(self.domain.inner.map.page_ptr(first), self.len)
         })

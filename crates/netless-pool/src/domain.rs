@@ -546,9 +546,8 @@ impl Inner {
                 page_len
             };
             let page = self.private_page(pages, i, keep)?;
-            // SAFETY: `page` is in bounds and held by this process alone with one use (the
-            // buffer being written, borrowed mutably by the caller); [in_page, in_page + n)
-            // lies within the page.
+            // SAFETY: `page` is in bounds and ours alone with one use (the buffer the caller
+            // borrows mutably); [in_page, in_page + n) lies within the page.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     data[done..].as_ptr(),

@@ -216,10 +216,9 @@ impl PoolMap {
         expect_domain: Option<u64>,
     ) -> Result<PoolMap, PoolError> {
         let segment = Segment::attach(fd, 1 << 40)?;
-        // SAFETY: attach checked the segment is non-empty; every pool segment starts with a
-        // 4 KiB header page, and a shorter one fails the length check below before use. The
-        // header is read once by value (plain integers, any bit pattern is valid).
         let header = if segment.len() >= PAGE_SIZE {
+            // SAFETY: the segment has at least a page, so the header's bytes are in bounds; it is
+            // read once by value (plain integers, any bit pattern is valid), then validated.
             unsafe { (segment.as_ptr() as *const PoolHeader).read() }
         } else {
             return Err(PoolError::Corrupt(
@@ -286,9 +285,8 @@ impl PoolMap {
     }
 
     pub fn slots(&self) -> &[RefSlot] {
-        // SAFETY: validated geometry: nslots 128-byte slots at slots_offset (a multiple of 64
-        // past a 4096-byte header; slots_offset = 4096 + 56 × 64 = 7680 = 60 × 128), inside
-        // the segment; RefSlot is all atomics.
+        // SAFETY: validated geometry puts nslots 128-byte slots inside the segment at
+        // slots_offset = 4096 + 56 × 64 = 7680 = 60 × 128 (aligned); RefSlot is all atomics.
         unsafe { self.array(self.header.slots_offset, self.header.nslots as usize) }
     }
 
