@@ -230,7 +230,7 @@ fn try_flock(file: &File, op: FlockOperation) -> bool {
 
 enum Attempt {
     NoCoordinator,
-    Joined(UnixStream, Option<OwnedFd>, usize, u32),
+    Joined(UnixStream, Option<OwnedFd>, usize),
 }
 
 fn join_err(config: &DomainConfig, reason: String) -> PoolError {
@@ -248,14 +248,7 @@ fn try_connect(
 ) -> Result<Attempt, PoolError> {
     let stream = match UnixStream::connect(socket) {
         Ok(s) => s,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Ok(Attempt::NoCoordinator)
-        }
+        Err(e) if netless_shm::nobody_listens(&e) => return Ok(Attempt::NoCoordinator),
         Err(e) => {
             return Err(join_err(
                 config,
@@ -308,7 +301,6 @@ fn try_connect(
         ));
     }
     let member = u32::from_le_bytes(payload[13..17].try_into().expect("4 bytes")) as usize;
-    let generation = u32::from_le_bytes(payload[17..21].try_into().expect("4 bytes"));
     if member >= MAX_MEMBERS {
         return Err(join_err(
             config,
@@ -316,12 +308,7 @@ fn try_connect(
         ));
     }
     stream.set_read_timeout(None).map_err(io)?;
-    Ok(Attempt::Joined(
-        stream,
-        fds.into_iter().next(),
-        member,
-        generation,
-    ))
+    Ok(Attempt::Joined(stream, fds.into_iter().next(), member))
 }
 
 /// Joins domain `config.name`, founding it if nobody coordinates it.
@@ -331,20 +318,18 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     let members = open_lock_file(&paths.members)?;
     let deadline = Instant::now() + config.join_timeout;
     loop {
-        if let Attempt::Joined(stream, fd, member, generation) =
-            try_connect(config, &paths.socket, None)?
-        {
+        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths.socket, None)? {
             let fd = fd.ok_or_else(|| join_err(config, "the coordinator passed no pool".into()))?;
             let map = Arc::new(PoolMap::attach(fd, None)?);
             rustix::fs::flock(&members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
-            let link = Link::start_member(
+            let link = Link::start(
                 config,
                 paths,
                 map.clone(),
                 members,
-                stream,
-                (member, generation),
+                member,
+                Role::Watch(stream),
             );
             return Ok(Domain::from_parts(map, member, config, Some(link)));
         }
@@ -360,15 +345,8 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
             rustix::fs::flock(&members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
             let listener = bind(&paths.socket).map_err(|e| join_err(config, e))?;
-            let link = Link::start_coordinator(
-                config,
-                paths,
-                map.clone(),
-                members,
-                lock_file,
-                listener,
-                member,
-            );
+            let role = Role::Coordinate(lock_file, listener);
+            let link = Link::start(config, paths, map.clone(), members, member, role);
             return Ok(Domain::from_parts(map, member, config, Some(link)));
         }
         drop(lock_file);
@@ -410,6 +388,14 @@ fn random_id() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// What a member's domain thread does.
+enum Role {
+    /// Watch the coordinator's socket (and take over when it closes).
+    Watch(UnixStream),
+    /// Coordinate: hold the domain's lock and serve its socket.
+    Coordinate(File, UnixListener),
+}
+
 /// A member's connection to its domain: the watcher (or coordinator) thread.
 pub(crate) struct Link {
     shared: Arc<LinkShared>,
@@ -449,43 +435,17 @@ impl Link {
         })
     }
 
-    fn start_member(
+    /// Starts the domain thread of `member`: a watcher of the coordinator's socket, or the
+    /// coordinator itself.
+    fn start(
         config: &DomainConfig,
         paths: Paths,
         map: Arc<PoolMap>,
         members: File,
-        stream: UnixStream,
-        (member, generation): (usize, u32),
-    ) -> Link {
-        let shared = Self::new_shared();
-        *lock(&shared.socket) = stream.try_clone().ok();
-        let serve = Serve {
-            config: config.clone(),
-            paths,
-            map,
-            member,
-            generation,
-            shared: shared.clone(),
-            _members: members,
-        };
-        let thread = std::thread::Builder::new()
-            .name("netless-domain".into())
-            .spawn(move || serve.watch(stream))
-            .ok();
-        Link { shared, thread }
-    }
-
-    fn start_coordinator(
-        config: &DomainConfig,
-        paths: Paths,
-        map: Arc<PoolMap>,
-        members: File,
-        lock_file: File,
-        listener: UnixListener,
         member: usize,
+        role: Role,
     ) -> Link {
         let shared = Self::new_shared();
-        shared.coordinator.store(true, Ordering::Release);
         let generation = (map.members()[member].state.load(Ordering::Acquire) >> 32) as u32;
         let serve = Serve {
             config: config.clone(),
@@ -496,9 +456,19 @@ impl Link {
             shared: shared.clone(),
             _members: members,
         };
+        let run: Box<dyn FnOnce() + Send> = match role {
+            Role::Watch(stream) => {
+                *lock(&shared.socket) = stream.try_clone().ok();
+                Box::new(move || serve.watch(stream))
+            }
+            Role::Coordinate(lock_file, listener) => {
+                shared.coordinator.store(true, Ordering::Release);
+                Box::new(move || serve.coordinate(lock_file, listener))
+            }
+        };
         let thread = std::thread::Builder::new()
             .name("netless-domain".into())
-            .spawn(move || serve.coordinate(lock_file, listener))
+            .spawn(run)
             .ok();
         Link { shared, thread }
     }
@@ -538,7 +508,7 @@ impl Serve {
             loop {
                 let rejoin = Some((self.map.domain_id(), self.member, self.generation));
                 match try_connect(&self.config, &self.paths.socket, rejoin) {
-                    Ok(Attempt::Joined(s, _, _, _)) => {
+                    Ok(Attempt::Joined(s, _, _)) => {
                         *lock(&self.shared.socket) = s.try_clone().ok();
                         stream = s;
                         break;

@@ -36,4 +36,4 @@ pub use fdpass::{recv_frame, send_frame, MAX_FDS, MAX_FRAME};
 pub use futex::{futex_wait, futex_wake, FutexWait};
 pub use peercred::{peer_cred, Acl, PeerCred};
 pub use segment::Segment;
-pub use socket_dir::{service_socket_path, socket_dir, MAX_SERVICE_NAME};
+pub use socket_dir::{nobody_listens, service_socket_path, socket_dir, MAX_SERVICE_NAME};

@@ -139,6 +139,20 @@ pub fn service_socket_path(dir: &Path, service: &str) -> Result<PathBuf, Error> 
     Ok(path)
 }
 
+/// Whether a failed `connect` to a Unix socket path means nobody serves it (no socket file,
+/// or a stale one whose listener is gone), as opposed to a real error.
+///
+/// ```
+/// let err = std::os::unix::net::UnixStream::connect("/nonexistent/netless.sock").unwrap_err();
+/// assert!(netless_shm::nobody_listens(&err));
+/// ```
+pub fn nobody_listens(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -196,14 +196,7 @@ impl Client {
         };
         let socket = match UnixStream::connect(&path) {
             Ok(s) => s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                ) =>
-            {
-                return Err(not_found())
-            }
+            Err(e) if netless_shm::nobody_listens(&e) => return Err(not_found()),
             Err(e) => {
                 return Err(Status::unavailable(format!(
                     "cannot connect to service `{service}` at {}: {e}",
