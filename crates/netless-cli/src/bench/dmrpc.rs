@@ -1360,7 +1360,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let calls = if args.quick { 100 } else { 2000 };
         ctx.bar.inc_length(sizes.len() as u64 * calls);
-        transfer::measure(&ctx.exe, sizes, calls, cpus.map(|c| c.1), &ctx.bar)?
+        transfer::measure(
+            &ctx.exe,
+            (&ctx.dir, DOMAIN, &ctx.domain),
+            sizes,
+            calls,
+            cpus.map(|c| c.1),
+            &ctx.bar,
+        )?
     } else {
         Vec::new()
     };

@@ -10,7 +10,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use netless::netless_pool::{Domain, DomainConfig};
 use netless::{
     CallOptions, Client, ClientConfig, Request, ResponseBuilder, Server, ServerConfig, Status,
@@ -87,22 +86,16 @@ pub fn serve(
     Ok(())
 }
 
-/// Measures the crossover from this process (already pinned or not) against a spawned
-/// server on `peer_cpu`.
+/// Measures the crossover from this process, a member of domain `name` (socket directory
+/// `dir`), against a spawned server on `peer_cpu` that joins the same domain.
 pub fn measure(
     exe: &Path,
+    (dir, name, domain): (&Path, &str, &Domain),
     sizes: &[usize],
     calls_per_size: u64,
     peer_cpu: Option<usize>,
     progress: &indicatif::ProgressBar,
 ) -> anyhow::Result<Vec<TransferRow>> {
-    let dir = std::env::temp_dir().join(format!("nl-xfer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let _cleanup = RemoveDir(dir.clone());
-    let name = format!("xfer{}", std::process::id());
-    let mut domain_config = DomainConfig::new(&name);
-    domain_config.dir = Some(dir.clone());
-    let domain = Domain::join(&domain_config).context("founding the benchmark's domain")?;
     let service = "netless.bench.Transfer";
     let cpu = peer_cpu.map(|c| c.to_string());
     let dir_s = dir.to_string_lossy().into_owned();
@@ -124,7 +117,7 @@ pub fn measure(
         Client::connect_with(
             service,
             ClientConfig {
-                dir: Some(dir.clone()),
+                dir: Some(dir.to_path_buf()),
                 domain: Some(domain.clone()),
                 ref_threshold: threshold,
                 max_message: 16 << 20,
@@ -215,13 +208,5 @@ pub fn print(rows: &[TransferRow]) {
             }
         }
         None => println!("crossover: by reference was faster at no measured size"),
-    }
-}
-
-struct RemoveDir(std::path::PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
