@@ -1111,6 +1111,25 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0).then(|| a / b)
 }
 
+/// The two rows of an interleaved comparison, each with its throughput ratio over
+/// `variants[base]` (from the totals and as the median of the rounds' ratios).
+fn compared(
+    acc: &[Acc; 2],
+    experiment: &'static str,
+    variants: [&'static str; 2],
+    size: usize,
+    in_flight: usize,
+    base: usize,
+) -> [Row; 2] {
+    let mut pair = [0, 1].map(|k| acc[k].row(experiment, variants[k], size, in_flight));
+    let base_throughput = pair[base].throughput_per_s;
+    for (row, a) in pair.iter_mut().zip(acc) {
+        row.ratio_vs_baseline = ratio(row.throughput_per_s, base_throughput);
+        row.ratio_median_of_rounds = median_ratio(a, &acc[base]);
+    }
+    pair
+}
+
 /// The median of the round-by-round ratios of `acc` over `base`.
 fn median_ratio(acc: &Acc, base: &Acc) -> Option<f64> {
     let mut r: Vec<f64> = acc
@@ -1162,15 +1181,16 @@ fn nested_chain(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
                 expect,
                 None,
             )?;
-            let mut pair = [
-                acc[0].row("nested_chain", "by_value", size, ctx.in_flight),
-                acc[1].row("nested_chain", "by_ref", size, ctx.in_flight),
-            ];
-            let base = pair[0].throughput_per_s;
-            for (row, a) in pair.iter_mut().zip(&acc) {
+            let mut pair = compared(
+                &acc,
+                "nested_chain",
+                ["by_value", "by_ref"],
+                size,
+                ctx.in_flight,
+                0,
+            );
+            for row in &mut pair {
                 row.hops = Some(hops);
-                row.ratio_vs_baseline = ratio(row.throughput_per_s, base);
-                row.ratio_median_of_rounds = median_ratio(a, &acc[0]);
             }
             rows.extend(pair);
         }
@@ -1214,11 +1234,7 @@ fn copy_on_write(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
             if !intact {
                 bail!("the client's {size}-byte buffer changed under copy-on-write");
             }
-            let mut pair = [
-                acc[0].row("cow", "cow", size, 1),
-                acc[1].row("cow", "copy", size, 1),
-            ];
-            let base = pair[1].throughput_per_s;
+            let mut pair = compared(&acc, "cow", ["cow", "copy"], size, 1, 1);
             for (row, a) in pair.iter_mut().zip(&acc) {
                 let n = a.calls.max(1) as f64;
                 let us = |ns: u64| ns as f64 / n / 1000.0;
@@ -1229,8 +1245,6 @@ fn copy_on_write(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
                 row.write_us = Some(us(a.write_ns));
                 row.unmap_us = Some(us(a.unmap_ns));
                 row.create_ref_us = Some(us(a.share_ns + a.map_ns + a.copy_ns));
-                row.ratio_vs_baseline = ratio(row.throughput_per_s, base);
-                row.ratio_median_of_rounds = median_ratio(a, &acc[1]);
                 row.verified &= intact;
             }
             rows.extend(pair);
@@ -1262,11 +1276,14 @@ fn load_balancer(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
             expect,
             Some(lb.id()),
         )?;
-        let mut pair = [
-            acc[0].row("load_balancer", "by_value", size, ctx.in_flight),
-            acc[1].row("load_balancer", "by_ref", size, ctx.in_flight),
-        ];
-        let base = pair[0].throughput_per_s;
+        let mut pair = compared(
+            &acc,
+            "load_balancer",
+            ["by_value", "by_ref"],
+            size,
+            ctx.in_flight,
+            0,
+        );
         for (row, a) in pair.iter_mut().zip(&acc) {
             // procs[1] is the forwarder.
             let f = a.procs.get(1).copied().unwrap_or_default();
@@ -1277,8 +1294,6 @@ fn load_balancer(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
             row.forwarder_pool_bytes_copied_per_call = Some(f.pool_bytes as f64 / n);
             row.forwarder_handle_bytes_per_call = Some(f.handle_bytes as f64 / n);
             row.forwarder_cpu_us_per_call = Some(a.cpu.as_secs_f64() * 1e6 / n);
-            row.ratio_vs_baseline = ratio(row.throughput_per_s, base);
-            row.ratio_median_of_rounds = median_ratio(a, &acc[0]);
         }
         rows.extend(pair);
     }
