@@ -24,6 +24,10 @@ enum Command {
     Ping(cmd::ping::Args),
     /// Forward gRPC/HTTP2 (and TLS) from the network to netless services by path.
     Gateway(cmd::gateway::Args),
+    /// Size a receive buffer from the queueing model: Erlang-C E[Nq] and 10 × E[Nq] × B.
+    Size(cmd::size::Args),
+    /// Simulate a k-worker server (single queue vs partitioned) and check it against Erlang-C.
+    Sim(cmd::sim::Args),
     /// Run a benchmark and print its table (and JSON with --json).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -42,6 +46,8 @@ enum BenchCommand {
     Split(bench::split::Args),
     /// DmRPC Figs. 5-7: pass by value vs by reference (domain page pool), copy-on-write.
     Dmrpc(bench::dmrpc::Args),
+    /// NEBULA: a key-value service under open-loop load; receive-buffer provisioning and dispatch.
+    Kvs(bench::kvs::Args),
 }
 
 #[derive(Subcommand, Debug)]
@@ -81,6 +87,8 @@ enum PeerCommand {
         #[arg(long)]
         pin_cpu: Option<usize>,
     },
+    /// A process of the key-value bench: the server or one load generator.
+    Kvs(bench::kvs::PeerArgs),
     /// The other end of the shared-memory floor ping-pong.
     Floor {
         #[arg(long)]
@@ -96,6 +104,12 @@ fn main() -> ExitCode {
         Command::EchoServer(args) => cmd::echo_server::run(args),
         Command::Ping(args) => cmd::ping::run(args),
         Command::Gateway(args) => cmd::gateway::run(args),
+        Command::Size(args) => cmd::size::run(args),
+        Command::Sim(args) => cmd::sim::run(args),
+        Command::Bench(BenchCommand::Kvs(args)) => bench::kvs::run(args),
+        Command::BenchPeer(PeerCommand::Kvs(args)) => {
+            bench::kvs::peer(args).map(|()| ExitCode::SUCCESS)
+        }
         Command::Bench(BenchCommand::Echo(args)) => bench::echo::run(args),
         Command::Bench(BenchCommand::Grpc(args)) => bench::grpc::run(args),
         Command::Bench(BenchCommand::Split(args)) => bench::split::run(args),

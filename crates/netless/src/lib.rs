@@ -36,6 +36,7 @@ mod layout;
 mod metadata;
 mod segments;
 mod server;
+pub mod sizing;
 mod spin_lock;
 mod status;
 

@@ -13,6 +13,7 @@ pub mod echo;
 pub mod floor;
 pub mod grpc;
 pub mod grpc_http2;
+pub mod kvs;
 pub mod peer;
 pub mod proto;
 pub mod report;

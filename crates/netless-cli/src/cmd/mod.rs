@@ -3,3 +3,5 @@
 pub mod echo_server;
 pub mod gateway;
 pub mod ping;
+pub mod sim;
+pub mod size;
