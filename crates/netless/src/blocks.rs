@@ -1,27 +1,35 @@
-//! Client-side leasing of request blocks in a replica's shared receive buffer.
+//! Client-side allocation of request blocks (64-byte slots by default) in a replica's
+//! receive buffer (NEBULA §V-B).
 //!
-//! The receive buffer is shared by every client of a replica: a block is FREE, or leased to
-//! one connection (its tag) and either OWNED (holds a message in flight) or CACHED (done; kept
-//! for that connection's next message). A client claims blocks with one CAS per block, so a
-//! claim is atomic and attributable: when a client dies, the server frees exactly the words
-//! carrying its tag. The server moves OWNED → CACHED when it has finished with a message; this
-//! module moves CACHED → OWNED (reuse), FREE → OWNED (new lease) and CACHED → FREE (trim).
-//! It never reads message contents.
+//! The buffer is an array of blocks with one word each in the block table: FREE, or OWNED by
+//! the connection (its tag) whose message it holds. A sender claims ⌈size/block⌉ contiguous
+//! blocks with one CAS per word, so a claim is atomic and attributable: when a client dies
+//! the server frees exactly the words carrying its tag. The server frees a request's blocks
+//! (OWNED → FREE) as soon as it has read it, so every freed block is at once available to
+//! every connection sharing the buffer.
+//!
+//! Where to look: first the run this connection used last (still warm in its cache, and
+//! free again once the server has read the request: a sequential caller reuses the same
+//! lines every call); then from the buffer's shared allocation head, scanning forward over
+//! busy blocks to the next free run (NEBULA's scrub when the head meets the tail), wrapping
+//! once. The head lives in shared memory and any client writes it, so it is only a hint,
+//! clamped into this connection's partition before use. Nothing here reads message contents.
 
-use std::sync::Mutex;
-
-use crate::layout::block_state::{cached, owned, tag_of, FREE};
+use crate::layout::block_state::{owned, FREE};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
-/// Largest run claimed ahead of need.
-const MAX_SPARE_BLOCKS: u32 = 8;
+/// Largest run, in bytes, claimed ahead of need.
+const MAX_SPARE_BYTES: u32 = 8 * 1024;
 
-/// The blocks one connection holds, and how to get more.
+/// Where one connection allocates, and its hints.
 pub(crate) struct BlockLease {
     tag: u32,
-    cache_limit: usize,
-    /// The run claimed last, `start << 32 | count` (0: none): the lock-free fast path, since
-    /// a client making one call at a time reuses the same run every time.
+    /// This connection's partition of the table: `first..first + len`.
+    first: u32,
+    len: u32,
+    /// Blocks per spare run at most.
+    max_spare: u32,
+    /// The run claimed last, `start << 32 | count` (0: none): the fast path.
     hot: AtomicU64,
     /// A run claimed ahead of need (OWNED by us, holding no message), `start << 32 | count`
     /// (0: none). Claiming it costs no shared-memory access, so the CAS on the block table
@@ -30,34 +38,35 @@ pub(crate) struct BlockLease {
     spare: AtomicU64,
     /// Calls to skip before trying to prepare a spare again after failing to.
     spare_backoff: AtomicU32,
-    state: Mutex<LeaseState>,
-}
-
-struct LeaseState {
-    /// Blocks leased to us (OWNED or CACHED), kept sorted.
-    blocks: Vec<u32>,
-    /// Where the next scan for free blocks starts.
-    scan_hint: u32,
+    /// Allocation head for a partition no other connection shares the head of.
+    own_head: AtomicU32,
 }
 
 impl BlockLease {
-    pub(crate) fn new(tag: u32, cache_limit: usize, scan_hint: u32) -> BlockLease {
+    /// A lease over blocks `partition` of the table, for the connection tagged `tag`.
+    pub(crate) fn new(tag: u32, partition: std::ops::Range<u32>, block_size: usize) -> BlockLease {
+        let len = partition.end.saturating_sub(partition.start);
         BlockLease {
             tag,
-            cache_limit: cache_limit.max(1),
+            first: partition.start,
+            len,
+            max_spare: (MAX_SPARE_BYTES / block_size.max(1) as u32).max(1),
             hot: AtomicU64::new(0),
             spare: AtomicU64::new(0),
             spare_backoff: AtomicU32::new(0),
-            state: Mutex::new(LeaseState {
-                blocks: Vec::new(),
-                scan_hint,
-            }),
+            own_head: AtomicU32::new(partition.start),
         }
     }
 
     /// Claims a run of `count` consecutive blocks for one message (OWNED by us); `None` when
-    /// the shared buffer has no such run free right now.
-    pub(crate) fn claim(&self, table: &[AtomicU32], count: u32) -> Option<u32> {
+    /// the partition has no such run free right now. `shared_head` is the buffer's shared
+    /// allocation head, if the partition is shared.
+    pub(crate) fn claim(
+        &self,
+        table: &[AtomicU32],
+        shared_head: Option<&AtomicU32>,
+        count: u32,
+    ) -> Option<u32> {
         let spare = self.spare.load(Ordering::Relaxed);
         if spare != 0
             && spare as u32 == count
@@ -71,14 +80,12 @@ impl BlockLease {
         let hot = self.hot.load(Ordering::Relaxed);
         if hot as u32 == count {
             let start = (hot >> 32) as u32;
-            if (start as usize + count as usize) <= table.len()
-                && self.try_take(table, start, count, cached(self.tag))
-            {
+            if self.inside(start, count) && self.try_take(table, start, count) {
                 return Some(start);
             }
         }
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let start = self.claim_locked(&mut state, table, count)?;
+        let head = shared_head.unwrap_or(&self.own_head);
+        let start = self.scan(table, head, count)?;
         self.hot.store(
             (u64::from(start) << 32) | u64::from(count),
             Ordering::Relaxed,
@@ -86,30 +93,16 @@ impl BlockLease {
         Some(start)
     }
 
-    fn claim_locked(&self, state: &mut LeaseState, table: &[AtomicU32], count: u32) -> Option<u32> {
-        // Every slow-path claim also trims: idle blocks beyond the cache limit go back to
-        // the shared buffer, whichever path found this run.
-        if state.blocks.len() > self.cache_limit {
-            self.trim(state, table);
-        }
-        if let Some(start) = self.reuse(state, table, count) {
-            return Some(start);
-        }
-        let start = self.claim_free(state, table, count)?;
-        for b in start..start + count {
-            if let Err(pos) = state.blocks.binary_search(&b) {
-                state.blocks.insert(pos, b);
-            }
-        }
-        if state.blocks.len() > self.cache_limit {
-            self.trim(state, table);
-        }
-        Some(start)
-    }
-
     /// Claims a run like the last one ahead of need, so the next `claim` of that size is free
     /// of shared-memory traffic; returns it (for prefetching) if one was prepared now.
-    pub(crate) fn prepare_spare(&self, table: &[AtomicU32]) -> Option<(u32, u32)> {
+    /// `sharers` is how many connections allocate in this partition: a spare holds blocks
+    /// others could use, so none is taken where the partition is small for its sharers.
+    pub(crate) fn prepare_spare(
+        &self,
+        table: &[AtomicU32],
+        shared_head: Option<&AtomicU32>,
+        sharers: u32,
+    ) -> Option<(u32, u32)> {
         if self.spare.load(Ordering::Relaxed) != 0 {
             return None;
         }
@@ -118,12 +111,11 @@ impl BlockLease {
             return None;
         }
         let count = self.hot.load(Ordering::Relaxed) as u32;
-        // Only small runs: a spare holds buffer space other clients could use, and large
-        // messages are bound by copying, not by this claim.
-        if count == 0 || count > MAX_SPARE_BLOCKS {
+        let roomy = u64::from(count) * 8 * u64::from(sharers.max(1)) <= u64::from(self.len);
+        if count == 0 || count > self.max_spare || !roomy {
             return None;
         }
-        let Some(start) = self.claim(table, count) else {
+        let Some(start) = self.claim(table, shared_head, count) else {
             self.spare_backoff.store(64, Ordering::Relaxed);
             return None;
         };
@@ -145,138 +137,87 @@ impl BlockLease {
         (hot != 0 && hot as u32 == count).then_some((hot >> 32) as u32)
     }
 
-    /// Gives back a run we claimed but never sent: it becomes CACHED for our next message.
+    /// Gives back a run we claimed but never sent.
     pub(crate) fn unclaim(&self, table: &[AtomicU32], start: u32, count: u32) {
-        for b in start..start + count {
+        for b in start..start.saturating_add(count) {
             if let Some(word) = table.get(b as usize) {
                 let _ = word.compare_exchange(
                     owned(self.tag),
-                    cached(self.tag),
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                );
-            }
-        }
-    }
-
-    /// Frees every CACHED block we hold (on close).
-    pub(crate) fn release_all(&self, table: &[AtomicU32]) {
-        self.hot.store(0, Ordering::Relaxed);
-        let spare = self.spare.swap(0, Ordering::Acquire);
-        if spare != 0 {
-            self.unclaim(table, (spare >> 32) as u32, spare as u32);
-        }
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        for &b in &state.blocks {
-            if let Some(word) = table.get(b as usize) {
-                let _ = word.compare_exchange(
-                    cached(self.tag),
                     FREE,
                     Ordering::Release,
                     Ordering::Relaxed,
                 );
             }
         }
-        state.blocks.clear();
     }
 
-    /// Number of blocks leased to us.
-    #[cfg(test)]
-    pub(crate) fn leased(&self) -> usize {
-        self.state.lock().unwrap().blocks.len()
-    }
-
-    fn reuse(&self, state: &mut LeaseState, table: &[AtomicU32], count: u32) -> Option<u32> {
-        let blocks = &state.blocks;
-        let mut i = 0;
-        while i + count as usize <= blocks.len() {
-            let start = blocks[i];
-            let consecutive = (0..count as usize).all(|k| blocks[i + k] == start + k as u32);
-            if consecutive && self.try_take(table, start, count, cached(self.tag)) {
-                return Some(start);
-            }
-            i += 1;
+    /// Frees the spare run, if any (on close).
+    pub(crate) fn release_all(&self, table: &[AtomicU32]) {
+        self.hot.store(0, Ordering::Relaxed);
+        let spare = self.spare.swap(0, Ordering::Acquire);
+        if spare != 0 {
+            self.unclaim(table, (spare >> 32) as u32, spare as u32);
         }
-        None
     }
 
-    fn claim_free(&self, state: &mut LeaseState, table: &[AtomicU32], count: u32) -> Option<u32> {
-        let n = table.len() as u32;
-        if count == 0 || count > n {
+    fn inside(&self, start: u32, count: u32) -> bool {
+        start >= self.first
+            && u64::from(start) + u64::from(count) <= u64::from(self.first) + u64::from(self.len)
+    }
+
+    /// First fit from the allocation head, skipping busy blocks, wrapping once.
+    fn scan(&self, table: &[AtomicU32], head: &AtomicU32, count: u32) -> Option<u32> {
+        let (first, n) = (self.first, self.len);
+        if count == 0 || count > n || (first + n) as usize > table.len() {
             return None;
         }
-        let mut start = state.scan_hint % n;
+        // Untrusted hint: clamp it into the partition.
+        let mut at = head.load(Ordering::Relaxed).wrapping_sub(first) % n;
         let mut scanned = 0u32;
         while scanned < n {
-            if start + count > n {
-                scanned += n - start;
-                start = 0;
+            if at + count > n {
+                scanned += n - at;
+                at = 0;
                 continue;
             }
-            // Find the first non-free word in the candidate run to skip past it.
-            let busy =
-                (0..count).find(|&k| table[(start + k) as usize].load(Ordering::Relaxed) != FREE);
+            // Find the first busy word in the candidate run to skip past it.
+            let busy = (0..count)
+                .find(|&k| table[(first + at + k) as usize].load(Ordering::Relaxed) != FREE);
             match busy {
-                None if self.try_take(table, start, count, FREE) => {
-                    state.scan_hint = (start + count) % n;
-                    return Some(start);
+                None if self.try_take(table, first + at, count) => {
+                    head.store(first + (at + count) % n, Ordering::Relaxed);
+                    return Some(first + at);
                 }
                 None => {
                     scanned += 1;
-                    start += 1;
+                    at += 1;
                 }
                 Some(k) => {
                     scanned += k + 1;
-                    start += k + 1;
+                    at += k + 1;
                 }
             }
         }
         None
     }
 
-    /// CASes `count` words from `expect` to OWNED(tag), rolling back on failure.
-    fn try_take(&self, table: &[AtomicU32], start: u32, count: u32, expect: u32) -> bool {
+    /// CASes `count` words from FREE to OWNED(tag), rolling back on failure.
+    fn try_take(&self, table: &[AtomicU32], start: u32, count: u32) -> bool {
         for k in 0..count {
             let word = &table[(start + k) as usize];
             // Acquire: a reused block's previous contents were read by the server before it
-            // released the block (its Release CAS); we must not overwrite them earlier.
+            // freed the block (its Release store); we must not overwrite them earlier.
             if word
-                .compare_exchange(
-                    expect,
-                    owned(self.tag),
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
+                .compare_exchange(FREE, owned(self.tag), Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
                 for j in 0..k {
-                    table[(start + j) as usize].store(expect, Ordering::Release);
+                    table[(start + j) as usize].store(FREE, Ordering::Release);
                 }
                 return false;
             }
         }
         true
-    }
-
-    fn trim(&self, state: &mut LeaseState, table: &[AtomicU32]) {
-        let tag = self.tag;
-        let mut excess = state.blocks.len().saturating_sub(self.cache_limit);
-        state.blocks.retain(|&b| {
-            let word = &table[b as usize];
-            let current = word.load(Ordering::Relaxed);
-            if current == FREE || tag_of(current) != tag {
-                return false; // no longer ours (freed or overwritten by a faulty peer)
-            }
-            if excess > 0
-                && word
-                    .compare_exchange(cached(tag), FREE, Ordering::Release, Ordering::Relaxed)
-                    .is_ok()
-            {
-                excess -= 1;
-                return false;
-            }
-            true
-        });
     }
 }
 
@@ -289,36 +230,72 @@ mod tests {
     }
 
     #[test]
-    fn claim_reuse_and_trim() {
+    fn claim_reuses_the_hot_run_once_freed() {
         let t = table(16);
-        let lease = BlockLease::new(5, 4, 0);
-        let a = lease.claim(&t, 1).unwrap();
+        let head = AtomicU32::new(0);
+        let lease = BlockLease::new(5, 0..16, 64);
+        let a = lease.claim(&t, Some(&head), 1).unwrap();
         assert_eq!(t[a as usize].load(Ordering::Relaxed), owned(5));
         // Still OWNED: a second claim takes a new block.
-        let b = lease.claim(&t, 1).unwrap();
+        let b = lease.claim(&t, Some(&head), 1).unwrap();
         assert_ne!(a, b);
-        // The server finishes with `a`: it is reused.
-        t[a as usize].store(cached(5), Ordering::Relaxed);
-        assert_eq!(lease.claim(&t, 1), Some(a));
-        // A run of 3.
-        let r = lease.claim(&t, 3).unwrap();
+        // The server frees `b` (the hot run): it is reused.
+        t[b as usize].store(FREE, Ordering::Relaxed);
+        assert_eq!(lease.claim(&t, Some(&head), 1), Some(b));
+        let r = lease.claim(&t, Some(&head), 3).unwrap();
         for k in 0..3 {
             assert_eq!(t[(r + k) as usize].load(Ordering::Relaxed), owned(5));
         }
         lease.unclaim(&t, r, 3);
-        assert_eq!(lease.claim(&t, 3), Some(r));
+        assert_eq!(t[r as usize].load(Ordering::Relaxed), FREE);
+        assert_eq!(lease.claim(&t, Some(&head), 3), Some(r));
     }
 
     #[test]
-    fn full_table_gives_none_and_foreign_blocks_untouched() {
-        let t = table(4);
-        t[1].store(owned(9), Ordering::Relaxed);
-        let lease = BlockLease::new(5, 8, 0);
-        assert!(lease.claim(&t, 2).is_some()); // 2..4
-        assert!(lease.claim(&t, 2).is_none());
-        assert!(lease.claim(&t, 1).is_some()); // block 0
-        assert!(lease.claim(&t, 1).is_none());
-        assert_eq!(t[1].load(Ordering::Relaxed), owned(9));
-        assert_eq!(lease.leased(), 3);
+    fn scan_skips_busy_runs_and_wraps() {
+        let t = table(8);
+        // Another connection holds 2..5; the head points into it.
+        for w in &t[2..5] {
+            w.store(owned(9), Ordering::Relaxed);
+        }
+        let head = AtomicU32::new(3);
+        let lease = BlockLease::new(5, 0..8, 64);
+        assert_eq!(lease.claim(&t, Some(&head), 3), Some(5));
+        assert_eq!(head.load(Ordering::Relaxed), 0);
+        assert_eq!(lease.claim(&t, Some(&head), 2), Some(0));
+        assert_eq!(lease.claim(&t, Some(&head), 1), None);
+        assert_eq!(t[2].load(Ordering::Relaxed), owned(9));
+    }
+
+    #[test]
+    fn partitions_are_respected_and_a_wild_head_is_clamped() {
+        let t = table(12);
+        let head = AtomicU32::new(u32::MAX);
+        let lease = BlockLease::new(5, 4..8, 64);
+        let mut got = Vec::new();
+        while let Some(b) = lease.claim(&t, Some(&head), 1) {
+            got.push(b);
+        }
+        got.sort();
+        assert_eq!(got, vec![4, 5, 6, 7]);
+        assert!(t[..4]
+            .iter()
+            .chain(&t[8..])
+            .all(|w| w.load(Ordering::Relaxed) == FREE));
+    }
+
+    #[test]
+    fn spares_only_where_the_partition_is_roomy() {
+        let t = table(64);
+        let head = AtomicU32::new(0);
+        let lease = BlockLease::new(5, 0..64, 64);
+        let a = lease.claim(&t, Some(&head), 2).unwrap();
+        // 2 blocks × 8 × 8 sharers > 64: no spare.
+        assert_eq!(lease.prepare_spare(&t, Some(&head), 8), None);
+        let (s, n) = lease.prepare_spare(&t, Some(&head), 1).unwrap();
+        assert_eq!(n, 2);
+        assert_ne!(s, a);
+        assert_eq!(lease.claim(&t, Some(&head), 2), Some(s));
+        lease.release_all(&t);
     }
 }

@@ -30,10 +30,10 @@ use crate::call::{CallOptions, Reply};
 use crate::config::{resolve_socket, ClientConfig};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    kind, wire_flags, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+    kind, provisioning, wire_flags, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
-use crate::segments::{ConnSegment, ReplicaSegment};
+use crate::segments::{ConnSegment, QueueView, ReplicaSegment};
 use crate::spin_lock::SpinLock;
 use crate::status::{Code, Status};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -259,7 +259,8 @@ impl Client {
 
         let g = *replica.geometry();
         let block = g.block_size as usize;
-        let max_run = (g.nblocks / 4).clamp(1, 64) as usize;
+        // Fragments of up to 64 KiB, and at most a quarter of the partition each.
+        let max_run = (g.part_blocks / 4).clamp(1, (65536 / g.block_size).max(1)) as usize;
         let fragment_body = max_run * block - HEADER_LEN;
         let n = config.max_in_flight as usize;
         let words = n.div_ceil(64);
@@ -282,11 +283,7 @@ impl Client {
             pool,
             service: service.to_string(),
             dir,
-            lease: BlockLease::new(
-                tag,
-                config.block_cache,
-                conn_index.wrapping_mul(97) % g.nblocks,
-            ),
+            lease: BlockLease::new(tag, replica.partition_for(conn_index), block),
             consumer: SpinLock::new(consumer),
             server_max_message: g.max_message as usize,
             fragment_body,
@@ -799,21 +796,24 @@ impl Shared {
                 prefetch_write_range(dst, HEADER_LEN + frag_len, 4);
             }
         }
+        let queue = self.replica.queue_for(self.conn_index);
+        if first {
+            self.check_depth(queue)?;
+        }
         let mut spins = 0u32;
         loop {
             if self.dead.load(Ordering::Acquire) {
                 return Err(self.death_status());
             }
-            let claimed = self.lease.claim(table, count);
+            let claimed = self.lease.claim(table, self.shared_head(), count);
             let start = match claimed {
                 Some(start) => start,
                 None if first => {
-                    return Err(Status::resource_exhausted(format!(
-                        "receive buffer of service `{}` is full ({} blocks of {} bytes all in use): retry with backoff, or run more replicas",
+                    let part = self.replica.geometry().part_blocks;
+                    return Err(self.nack(format!(
+                        "receive buffer of service `{}` is full (a run of {count} free blocks of {block} bytes needed, none among the {part} this connection may use): retry with backoff, or run more replicas",
                         self.service,
-                        table.len(),
-                        block
-                    )))
+                    )));
                 }
                 None => {
                     self.backoff_for_space(&mut spins, deadline, space_deadline)?;
@@ -835,9 +835,9 @@ impl Shared {
                     dst.add(HEADER_LEN),
                 );
             }
-            match self.replica.queue().try_enqueue(start) {
+            match queue.queue.try_enqueue(start) {
                 Ok(()) => {
-                    netless_ring::ring(self.replica.doorbell());
+                    netless_ring::ring(queue.doorbell);
                     return Ok(());
                 }
                 Err(e) => {
@@ -847,7 +847,7 @@ impl Shared {
                             EnqueueError::Full => "receive queue is full",
                             _ => "receive queue is contended or damaged",
                         };
-                        return Err(Status::resource_exhausted(format!(
+                        return Err(self.nack(format!(
                             "service `{}`: {why}; retry with backoff",
                             self.service
                         )));
@@ -856,6 +856,45 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// The buffer's shared allocation head, if connections share the partition's head.
+    fn shared_head(&self) -> Option<&AtomicU32> {
+        (self.replica.geometry().provisioning == provisioning::SHARED)
+            .then(|| &self.replica.client_control().alloc_head)
+    }
+
+    /// Fails fast, before anything is written, if more requests are queued ahead than the
+    /// server's SLO allows (NEBULA's NACK: such a request would miss its SLO anyway).
+    fn check_depth(&self, queue: &QueueView) -> Result<(), Status> {
+        let limit = self
+            .replica
+            .server_control()
+            .depth_limit
+            .load(Ordering::Relaxed);
+        if limit == 0 {
+            return Ok(());
+        }
+        let depth = queue
+            .queue
+            .tail_hint()
+            .wrapping_sub(queue.head.position.load(Ordering::Relaxed));
+        if (depth as i64) < i64::from(limit) {
+            return Ok(());
+        }
+        Err(self.nack(format!(
+            "service `{}` has {depth} requests queued, more than the {limit} its latency SLO allows: the call would miss it; retry with backoff or on another replica",
+            self.service
+        )))
+    }
+
+    /// A NACK: counted in the replica's shared stats, returned as `RESOURCE_EXHAUSTED`.
+    fn nack(&self, message: String) -> Status {
+        self.replica
+            .client_control()
+            .nacks
+            .fetch_add(1, Ordering::Relaxed);
+        Status::resource_exhausted(message)
     }
 
     fn backoff_for_space(
@@ -920,7 +959,22 @@ impl Shared {
                         break Ended::Elsewhere;
                     }
                     // Use the wait to get the next call's blocks ready.
-                    if let Some((start, count)) = self.lease.prepare_spare(self.replica.table()) {
+                    let sharers = match self.replica.geometry().provisioning {
+                        provisioning::PER_CONNECTION => 1,
+                        _ => {
+                            let g = self.replica.geometry();
+                            let conns = self
+                                .replica
+                                .server_control()
+                                .connections
+                                .load(Ordering::Relaxed);
+                            conns.div_ceil(g.nparts)
+                        }
+                    };
+                    if let Some((start, count)) =
+                        self.lease
+                            .prepare_spare(self.replica.table(), self.shared_head(), sharers)
+                    {
                         if let Some(dst) = self.replica.block_run(start, count) {
                             let bytes = count as usize * self.replica.block_size();
                             prefetch_write_range(dst, bytes, 64);
@@ -1549,6 +1603,7 @@ impl Shared {
     }
     #[cfg(feature = "fault-injection")]
     pub(crate) fn claim_for_fault(&self, count: u32) -> Option<u32> {
-        self.lease.claim(self.replica.table(), count)
+        self.lease
+            .claim(self.replica.table(), self.shared_head(), count)
     }
 }

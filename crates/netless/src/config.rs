@@ -18,11 +18,102 @@ pub const DEFAULT_MAX_MESSAGE: usize = 4 * 1024 * 1024;
 /// on a 2-core VM (by value faster up to 32 KiB, by reference from 64 KiB).
 pub const DEFAULT_REF_THRESHOLD: usize = 64 * 1024;
 
+/// Default receive buffer of a server with no SLO: 1 MiB (shared, or per worker).
+pub const DEFAULT_BUFFER_BYTES: usize = 1 << 20;
+
+/// Default receive buffer of each connection in [`Provisioning::PerConnection`]: 64 KiB,
+/// HTTP/2's initial flow-control window.
+pub const DEFAULT_CONNECTION_BUFFER_BYTES: usize = 64 * 1024;
+
+/// How a server's receive buffer is provisioned (NEBULA §V-B).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Provisioning {
+    /// One buffer every connection allocates from: memory depends on the load (or SLO), not
+    /// on the number of clients.
+    #[default]
+    Shared,
+    /// One buffer per worker; a connection writes into worker `index % workers`'s.
+    PerWorker,
+    /// One fixed buffer per connection slot, as most RPC stacks do: memory grows with the
+    /// number of connections.
+    PerConnection,
+}
+
+/// How workers share incoming requests (NEBULA §V-E).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Dispatch {
+    /// One queue; an idle worker takes the oldest request.
+    #[default]
+    SingleQueue,
+    /// One queue; a worker holds up to two requests and prefetches the second one's payload
+    /// while it runs the first (join-bounded-shortest-queue with a bound of 2).
+    Jbsq2,
+    /// One queue per worker; each connection is bound to worker `index % workers` (RSS-like).
+    Partitioned,
+}
+
+/// A latency objective: the server sizes its receive buffer for it and refuses, at once and
+/// with `RESOURCE_EXHAUSTED`, a request that would queue behind more than it allows.
+///
+/// ```
+/// use std::time::Duration;
+/// let slo = netless::Slo::new(Duration::from_micros(50)).mean_service(Duration::from_micros(5));
+/// assert!((slo.ratio().unwrap() - 10.0).abs() < 1e-9);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Slo {
+    /// The latency target for the time a request spends at the server.
+    pub target: Duration,
+    /// Mean handler time; `None`: measured by the server while it runs (the queue-depth
+    /// limit starts when it has seen [`Slo::WARMUP`] requests, and the buffer is sized for
+    /// an SLO of 10× the service time).
+    pub mean_service: Option<Duration>,
+    /// Mean request size (method, metadata and payload) the buffer is sized for.
+    pub mean_request_bytes: usize,
+}
+
+impl Slo {
+    /// Requests a server measures before it applies a measured queue-depth limit.
+    pub const WARMUP: u64 = 1000;
+
+    /// An SLO of `target` with a measured service time and 1 KiB requests.
+    pub fn new(target: Duration) -> Slo {
+        Slo {
+            target,
+            mean_service: None,
+            mean_request_bytes: 1024,
+        }
+    }
+
+    /// Declares the mean service time.
+    pub fn mean_service(self, mean: Duration) -> Slo {
+        Slo {
+            mean_service: Some(mean),
+            ..self
+        }
+    }
+
+    /// Declares the mean request size.
+    pub fn mean_request_bytes(self, bytes: usize) -> Slo {
+        Slo {
+            mean_request_bytes: bytes,
+            ..self
+        }
+    }
+
+    /// The SLO in mean service times, if the service time is declared.
+    pub fn ratio(&self) -> Option<f64> {
+        let s = self.mean_service?.as_secs_f64();
+        (s > 0.0).then(|| self.target.as_secs_f64() / s)
+    }
+}
+
 /// How a server is set up. Start from `ServerConfig::default()` and change what you need.
 ///
 /// ```
 /// let config = netless::ServerConfig { workers: 2, ..Default::default() };
-/// assert_eq!(config.buffer_bytes, 1 << 20);
+/// assert_eq!(config.block_size, 64);
+/// assert_eq!(config.buffer_bytes, None); // 1 MiB, or sized from `slo`
 /// ```
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -30,10 +121,20 @@ pub struct ServerConfig {
     pub workers: usize,
     /// How idle workers wait for requests.
     pub wait: WaitPolicy,
-    /// Bytes per block of the shared receive buffer (power of two, 256..=65536).
+    /// Bytes per slot (block) of the receive buffer (power of two, 64..=65536); a request
+    /// takes ⌈(64-byte header + body) / block_size⌉ contiguous slots.
     pub block_size: u32,
-    /// Bytes of the shared receive buffer all clients of this replica write requests into.
-    pub buffer_bytes: usize,
+    /// Bytes of receive buffer clients write requests into: the whole shared buffer, or each
+    /// worker's or connection's (see `provisioning`). `None`: sized from `slo` if set
+    /// (10 × E\[Nq\] × mean request, NEBULA §V-C), else [`DEFAULT_BUFFER_BYTES`] (or
+    /// [`DEFAULT_CONNECTION_BUFFER_BYTES`] per connection).
+    pub buffer_bytes: Option<usize>,
+    /// How the receive buffer is split between connections.
+    pub provisioning: Provisioning,
+    /// How workers take requests.
+    pub dispatch: Dispatch,
+    /// The latency objective, if any: sizes the buffer and limits the queue depth.
+    pub slo: Option<Slo>,
     /// Largest request body accepted; bigger requests fail with `RESOURCE_EXHAUSTED`.
     pub max_message: usize,
     /// Most simultaneous connections.
@@ -57,8 +158,11 @@ impl Default for ServerConfig {
         ServerConfig {
             workers: 1,
             wait: WaitPolicy::default(),
-            block_size: 1024,
-            buffer_bytes: 1 << 20,
+            block_size: 64,
+            buffer_bytes: None,
+            provisioning: Provisioning::Shared,
+            dispatch: Dispatch::SingleQueue,
+            slo: None,
             max_message: DEFAULT_MAX_MESSAGE,
             max_connections: 1024,
             acl: Acl::default(),
@@ -76,17 +180,29 @@ impl ServerConfig {
         if self.workers == 0 || self.workers > 1024 {
             return bad(format!("workers must be 1..=1024, got {}", self.workers));
         }
-        if !self.block_size.is_power_of_two() || !(256..=65536).contains(&self.block_size) {
+        if !self.block_size.is_power_of_two() || !(64..=65536).contains(&self.block_size) {
             return bad(format!(
-                "block_size must be a power of two in 256..=65536, got {}",
+                "block_size must be a power of two in 64..=65536, got {}",
                 self.block_size
             ));
         }
-        let nblocks = self.buffer_bytes / self.block_size as usize;
-        if !(4..=1 << 20).contains(&nblocks) {
+        if let Some(slo) = &self.slo {
+            if slo.target.is_zero()
+                || slo
+                    .mean_service
+                    .is_some_and(|s| s.is_zero() || s > slo.target)
+            {
+                return bad(format!(
+                    "slo must have a non-zero target no shorter than its mean service time, got {slo:?}"
+                ));
+            }
+        }
+        let part = self.partition_bytes();
+        let nblocks = part / self.block_size as usize;
+        if nblocks < 4 {
             return bad(format!(
-                "buffer_bytes must hold 4..=1048576 blocks of {} bytes, got {} bytes",
-                self.block_size, self.buffer_bytes
+                "buffer_bytes must hold at least 4 blocks of {} bytes, got {part} bytes",
+                self.block_size
             ));
         }
         if self.max_message == 0 || self.max_message > u32::MAX as usize / 2 {
@@ -99,6 +215,73 @@ impl ServerConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl ServerConfig {
+    /// Partitions of the receive buffer: 1, one per worker or one per connection slot.
+    pub(crate) fn partitions(&self) -> u32 {
+        match self.provisioning {
+            Provisioning::Shared => 1,
+            Provisioning::PerWorker => self.workers as u32,
+            Provisioning::PerConnection => self.max_connections,
+        }
+    }
+
+    /// Receive queues: one per worker when dispatch is partitioned.
+    pub(crate) fn queues(&self) -> u32 {
+        match self.dispatch {
+            Dispatch::Partitioned => self.workers as u32,
+            _ => 1,
+        }
+    }
+
+    /// Bytes of each partition of the receive buffer (rounded down to whole blocks).
+    pub fn partition_bytes(&self) -> usize {
+        let bytes = match (self.buffer_bytes, self.provisioning, &self.slo) {
+            (Some(b), _, _) => b,
+            (None, Provisioning::PerConnection, _) => DEFAULT_CONNECTION_BUFFER_BYTES,
+            (None, _, Some(slo)) => self.slo_sizing(slo).buffer_bytes,
+            (None, _, None) => DEFAULT_BUFFER_BYTES,
+        };
+        bytes / self.block_size as usize * self.block_size as usize
+    }
+
+    /// The buffer an SLO calls for: 10 × E\[Nq\] requests of the mean size (plus header,
+    /// in whole blocks) at the highest load that still meets the SLO, for the workers that
+    /// drain one partition. At least 64 blocks.
+    pub fn slo_sizing(&self, slo: &Slo) -> crate::sizing::Sizing {
+        let k = match self.provisioning {
+            Provisioning::Shared => self.workers as u32,
+            _ => 1,
+        };
+        let ratio = slo.ratio().unwrap_or(10.0);
+        let load = crate::sizing::max_load_for_slo(k, ratio);
+        let block = self.block_size as usize;
+        let msg = (crate::layout::HEADER_LEN + slo.mean_request_bytes).div_ceil(block) * block;
+        let mut s = crate::sizing::size_buffer(k, load, msg);
+        s.buffer_bytes = s.buffer_bytes.next_multiple_of(block).max(64 * block);
+        s.slots = (s.buffer_bytes / crate::sizing::SLOT_BYTES) as u32;
+        s
+    }
+
+    /// Most requests a new one may queue behind under the SLO (see
+    /// [`crate::sizing::depth_limit`]); `None` without an SLO or a known service time.
+    pub(crate) fn depth_limit(&self, measured_service: Option<Duration>) -> Option<u32> {
+        let slo = self.slo.as_ref()?;
+        let service = slo.mean_service.or(measured_service)?.as_secs_f64();
+        if service <= 0.0 {
+            return None;
+        }
+        // The workers draining one queue.
+        let k = match self.dispatch {
+            Dispatch::Partitioned => 1,
+            _ => self.workers as u32,
+        };
+        Some(crate::sizing::depth_limit(
+            k,
+            slo.target.as_secs_f64() / service,
+        ))
     }
 }
 
@@ -124,8 +307,6 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Deadline applied to calls that set none; `None` waits as long as the server lives.
     pub default_timeout: Option<Duration>,
-    /// Receive-buffer blocks a connection keeps leased between calls, for reuse.
-    pub block_cache: usize,
     /// The page-pool domain this client belongs to. If the server belongs to the same one,
     /// request payloads of at least `ref_threshold` bytes are written once into pool pages
     /// and travel as a 32-byte Ref, invisibly to both applications.
@@ -144,7 +325,6 @@ impl Default for ClientConfig {
             dir: None,
             connect_timeout: Duration::from_secs(5),
             default_timeout: None,
-            block_cache: 8,
             domain: None,
             ref_threshold: DEFAULT_REF_THRESHOLD,
         }

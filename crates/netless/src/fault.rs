@@ -43,7 +43,8 @@ pub fn inject(client: &Client, fault: ClientFault) {
         nblocks: 1,
         ..WireHeader::default()
     };
-    let queue = replica.queue();
+    let view = replica.queue_for(conn_index);
+    let queue = &view.queue;
     match fault {
         ClientFault::GarbageQueue => {
             for value in [u32::MAX, nblocks, nblocks + 7, 0x8000_0000] {
@@ -52,7 +53,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
             // And a free (unleased) block with a plausible header.
             write_at(replica, nblocks - 1, &header);
             let _ = queue.try_enqueue(nblocks - 1);
-            netless_ring::ring(replica.doorbell());
+            netless_ring::ring(view.doorbell);
             return;
         }
         ClientFault::BadLength => header.frag_len = (block * 4) as u32,
@@ -75,7 +76,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
     };
     write_at(replica, start, &header);
     let _ = queue.try_enqueue(start);
-    netless_ring::ring(replica.doorbell());
+    netless_ring::ring(view.doorbell);
 }
 
 fn write_at(replica: &crate::segments::ReplicaSegment, block: u32, header: &WireHeader) {

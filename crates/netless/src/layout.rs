@@ -9,12 +9,15 @@
 //!
 //! ```text
 //! 0        ReplicaHeader    geometry, written once by the server before any client attaches
-//! 128      DoorbellWords    workers' sleep counter + futex word
-//! q_off    ReceiveQueue     MPSC queue of u32 block indexes (netless-ring)
-//! t_off    block table      one AtomicU32 per block: FREE, OWNED(tag) or CACHED(tag)
-//! s_off    blocks           nblocks × block_size bytes; a request occupies a run of blocks
+//! 128      ServerControl    written by the server: SLO depth limit, connection count
+//! 192      ClientControl    written by clients: the allocation head, NACK count
+//! c_off    queue lines      per queue, two lines: its workers' doorbell (sleep counter +
+//!                           futex word) and its consumer position as the server publishes it
+//! q_off    ReceiveQueues    nqueues MPSC queues of u32 block indexes (netless-ring), q_stride apart
+//! t_off    block table      one AtomicU32 per 64-byte slot (block): FREE or OWNED(tag)
+//! s_off    blocks           nblocks × block_size bytes, nparts partitions of part_blocks;
+//!                           a request occupies a run of blocks inside its partition
 //! ```
-//!
 //! Connection segment (created by the client, passed to the server at connect):
 //!
 //! ```text
@@ -23,10 +26,10 @@
 //! r_off    ResponseRing     SPSC ring of response records (netless-ring)
 //! ```
 
-use crate::sync::AtomicU32;
+use crate::sync::{AtomicU32, AtomicU64};
 
 /// Version of every layout in this file; checked at attach.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Magic at the start of a replica segment.
 pub const REPLICA_MAGIC: u64 = u64::from_le_bytes(*b"NLREPLIC");
 /// Magic at the start of a connection segment.
@@ -49,8 +52,67 @@ pub struct ReplicaHeader {
     pub table_offset: u64,
     pub blocks_offset: u64,
     pub total_len: u64,
+    /// One of [`provisioning`].
+    pub provisioning: u32,
+    /// Partitions of the buffer (1, workers or max_connections by provisioning).
+    pub nparts: u32,
+    /// Blocks per partition (`nparts × part_blocks == nblocks`).
+    pub part_blocks: u32,
+    /// Receive queues (1, or one per worker for partitioned dispatch).
+    pub nqueues: u32,
+    /// Bytes from one queue to the next.
+    pub queue_stride: u64,
+    /// Where the per-queue lines start (two lines per queue: doorbell, published head).
+    pub qctl_offset: u64,
+    pub reserved: [u64; 4],
 }
-const _: () = assert!(std::mem::size_of::<ReplicaHeader>() == 64);
+const _: () = assert!(std::mem::size_of::<ReplicaHeader>() == 128);
+
+/// How a replica's receive buffer is split ([`ReplicaHeader::provisioning`]).
+pub mod provisioning {
+    /// One buffer every connection allocates from.
+    pub const SHARED: u32 = 0;
+    /// One partition per worker; a connection uses partition `conn_index % workers`.
+    pub const PER_WORKER: u32 = 1;
+    /// One partition per connection slot; a connection uses partition `conn_index`.
+    pub const PER_CONNECTION: u32 = 2;
+}
+
+/// Offset of the server-written control line.
+pub const SERVER_CONTROL_OFFSET: usize = 128;
+/// Offset of the client-written control line.
+pub const CLIENT_CONTROL_OFFSET: usize = 192;
+/// First byte after the fixed lines.
+pub const FIXED_END: usize = 256;
+/// Bytes of per-queue lines per queue.
+pub const QUEUE_LINES: usize = 128;
+
+/// Written by the server, read by clients (all values are hints a client may act on, never
+/// trust for memory safety).
+#[repr(C, align(64))]
+pub struct ServerControl {
+    /// Most queued requests a new one may join (its SLO); 0: no limit.
+    pub depth_limit: AtomicU32,
+    /// Live connections.
+    pub connections: AtomicU32,
+}
+
+/// A queue's consumer position as the server publishes it after each dequeue, on its own
+/// line: a client reads the queue's depth as the tail minus this.
+#[repr(C, align(64))]
+pub struct QueueHead {
+    pub position: AtomicU64,
+}
+
+/// Written by clients (any of them: the server treats every value as untrusted).
+#[repr(C, align(64))]
+pub struct ClientControl {
+    /// Where the next search for a free run starts (NEBULA's head pointer), per buffer.
+    pub alloc_head: AtomicU32,
+    pub _pad: u32,
+    /// Requests refused before sending (buffer full, queue too deep), for stats.
+    pub nacks: AtomicU64,
+}
 
 /// Geometry of a connection segment, written by the client.
 #[repr(C)]
@@ -251,31 +313,20 @@ fn check_body_shape(
     Ok(())
 }
 
-/// Block-table word encoding: `0` is FREE; otherwise the low 31 bits are the owning
-/// connection's tag and the top bit says CACHED (the message is done; the block stays leased to
-/// that connection for its next message) versus OWNED (holds a message being sent or served).
+/// Block-table word encoding: `0` is FREE; otherwise the owning connection's tag (OWNED: the
+/// block holds a message being sent or served).
 pub mod block_state {
     /// A free block.
     pub const FREE: u32 = 0;
-    /// Set in a leased block whose message is finished.
-    pub const CACHED_BIT: u32 = 1 << 31;
 
     /// OWNED by `tag`.
     pub const fn owned(tag: u32) -> u32 {
         tag
     }
-    /// CACHED for `tag`.
-    pub const fn cached(tag: u32) -> u32 {
-        tag | CACHED_BIT
-    }
-    /// The tag of a non-free word.
-    pub const fn tag_of(word: u32) -> u32 {
-        word & !CACHED_BIT
-    }
 }
 
 /// A connection's tag: its table index plus one, and a generation so a reused index gets a new
-/// tag. Never zero, never has the CACHED bit.
+/// tag. Never zero.
 pub fn conn_tag(index: u32, generation: u32) -> u32 {
     ((generation & 0x7fff) << 16) | ((index & 0xffff) + 1)
 }
@@ -338,7 +389,6 @@ mod tests {
     fn tags() {
         let t = conn_tag(0, 0);
         assert_ne!(t, 0);
-        assert_eq!(block_state::tag_of(block_state::cached(t)), t);
         assert_ne!(conn_tag(5, 1), conn_tag(5, 2));
     }
 }

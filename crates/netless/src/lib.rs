@@ -44,7 +44,10 @@ pub(crate) use netless_shm::sync;
 
 pub use call::{CallOptions, Reply, Request, ResponseBuilder};
 pub use client::Client;
-pub use config::{ClientConfig, ServerConfig, DEFAULT_MAX_MESSAGE, DEFAULT_REF_THRESHOLD};
+pub use config::{
+    ClientConfig, Dispatch, Provisioning, ServerConfig, Slo, DEFAULT_BUFFER_BYTES,
+    DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_MESSAGE, DEFAULT_REF_THRESHOLD,
+};
 pub use metadata::{Metadata, MAX_KEY_LEN};
 pub use netless_pool;
 pub use netless_ring::{WaitMode, WaitPolicy};

@@ -14,8 +14,9 @@ use netless_ring::{Consumer, DoorbellWords, Producer, ReceiveQueue, ResponseRing
 use netless_shm::Segment;
 
 use crate::layout::{
-    align64, atomic_u32_slice, ConnHeader, ReplicaHeader, CONN_MAGIC, DOORBELL_OFFSET,
-    LAYOUT_VERSION, REPLICA_MAGIC,
+    align64, atomic_u32_slice, provisioning, ClientControl, ConnHeader, QueueHead, ReplicaHeader,
+    ServerControl, CLIENT_CONTROL_OFFSET, CONN_MAGIC, DOORBELL_OFFSET, FIXED_END, LAYOUT_VERSION,
+    QUEUE_LINES, REPLICA_MAGIC, SERVER_CONTROL_OFFSET,
 };
 use crate::status::Status;
 use crate::sync::AtomicU32;
@@ -24,16 +25,39 @@ use crate::sync::AtomicU32;
 const MAX_REPLICA_LEN: usize = 1 << 30;
 /// Largest connection segment a server agrees to map.
 const MAX_CONN_LEN: usize = (1 << 30) + 4096;
-/// First byte after the doorbell line.
-const AFTER_DOORBELL: usize = DOORBELL_OFFSET + 64;
 /// Where a connection segment's response ring starts.
 const RING_OFFSET: usize = 256;
+/// Most blocks (table words) in a replica segment.
+pub(crate) const MAX_BLOCKS: u32 = 1 << 24;
+/// Most receive queues in a replica segment.
+pub(crate) const MAX_QUEUES: u32 = 1024;
+
+/// The shape of a replica segment to create (server side).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReplicaSpec {
+    pub block_size: u32,
+    /// One of `layout::provisioning`.
+    pub provisioning: u32,
+    pub nparts: u32,
+    pub part_blocks: u32,
+    pub nqueues: u32,
+    pub max_message: u32,
+    pub max_connections: u32,
+}
+
+/// One receive queue of a replica and its two lines.
+pub(crate) struct QueueView {
+    pub queue: ReceiveQueue<'static>,
+    pub doorbell: &'static DoorbellWords,
+    pub head: &'static QueueHead,
+}
 
 /// A mapped replica segment.
 pub(crate) struct ReplicaSegment {
     geometry: ReplicaHeader,
-    queue: ReceiveQueue<'static>,
-    doorbell: &'static DoorbellWords,
+    queues: Box<[QueueView]>,
+    server_control: &'static ServerControl,
+    client_control: &'static ClientControl,
     table: &'static [AtomicU32],
     blocks: NonNull<u8>,
     // Declared last: the views above borrow its mapping, which must outlive them.
@@ -48,51 +72,70 @@ unsafe impl Sync for ReplicaSegment {}
 
 impl ReplicaSegment {
     /// Creates and lays out a replica segment (server side).
-    pub(crate) fn create(
-        service: &str,
-        block_size: u32,
-        nblocks: u32,
-        max_message: u32,
-        max_connections: u32,
-    ) -> Result<ReplicaSegment, Status> {
-        let queue_capacity = nblocks.next_power_of_two().max(2);
-        let queue_offset = AFTER_DOORBELL;
-        let table_offset = align64(queue_offset + ReceiveQueue::bytes_needed(queue_capacity));
-        let blocks_offset =
-            (table_offset + nblocks as usize * 4).next_multiple_of(block_size.min(4096) as usize);
-        let total_len = blocks_offset + nblocks as usize * block_size as usize;
+    pub(crate) fn create(service: &str, spec: ReplicaSpec) -> Result<ReplicaSegment, Status> {
+        let nblocks = spec
+            .nparts
+            .checked_mul(spec.part_blocks)
+            .filter(|&n| (1..=MAX_BLOCKS).contains(&n))
+            .ok_or_else(|| Status::invalid_argument("receive buffer has too many blocks"))?;
+        // Every queued request holds at least one block, so no queue can hold more.
+        let queue_capacity = spec.part_blocks.next_power_of_two().max(2);
+        let qctl_offset = FIXED_END;
+        let queue_offset = align64(qctl_offset + spec.nqueues as usize * QUEUE_LINES);
+        let queue_stride = align64(ReceiveQueue::bytes_needed(queue_capacity));
+        let table_offset = queue_offset + spec.nqueues as usize * queue_stride;
+        let blocks_offset = (table_offset + nblocks as usize * 4)
+            .next_multiple_of(spec.block_size.clamp(64, 4096) as usize);
+        let total_len = blocks_offset + nblocks as usize * spec.block_size as usize;
+        if total_len > MAX_REPLICA_LEN {
+            return Err(Status::invalid_argument(format!(
+                "the receive buffer needs a {total_len}-byte segment, more than the {MAX_REPLICA_LEN}-byte limit: lower buffer_bytes or max_connections"
+            )));
+        }
         let geometry = ReplicaHeader {
             magic: REPLICA_MAGIC,
             version: LAYOUT_VERSION,
-            block_size,
+            block_size: spec.block_size,
             nblocks,
             queue_capacity,
-            max_message,
-            max_connections,
+            max_message: spec.max_message,
+            max_connections: spec.max_connections,
             queue_offset: queue_offset as u64,
             table_offset: table_offset as u64,
             blocks_offset: blocks_offset as u64,
             total_len: total_len as u64,
+            provisioning: spec.provisioning,
+            nparts: spec.nparts,
+            part_blocks: spec.part_blocks,
+            nqueues: spec.nqueues,
+            queue_stride: queue_stride as u64,
+            qctl_offset: qctl_offset as u64,
+            reserved: [0; 4],
         };
         let segment =
             Segment::create(&format!("netless-replica-{service}"), total_len).map_err(|e| {
                 Status::resource_exhausted(format!("cannot create replica segment: {e}"))
             })?;
         let base = segment.as_ptr();
-        // SAFETY: the segment is at least 64 bytes, page aligned, and nobody else maps it yet.
+        // SAFETY: the segment is at least 128 bytes, page aligned, and nobody else maps it yet.
         unsafe { std::ptr::write(base as *mut ReplicaHeader, geometry) };
-        // SAFETY: the queue region lies inside the segment (total_len covers it), is 64-byte
-        // aligned, and is only accessed through the queue's atomics from now on.
-        let queue = unsafe {
-            ReceiveQueue::init(
-                NonNull::new_unchecked(base.add(queue_offset)),
-                table_offset - queue_offset,
-                queue_capacity,
-            )
+        let mut queues = Vec::with_capacity(spec.nqueues as usize);
+        for q in 0..spec.nqueues as usize {
+            // SAFETY: queue q's region [queue_offset + q·stride, +stride) lies inside the
+            // segment (total_len covers it), is 64-byte aligned, and is only accessed through
+            // the queue's atomics from now on.
+            let queue = unsafe {
+                ReceiveQueue::init(
+                    NonNull::new_unchecked(base.add(queue_offset + q * queue_stride)),
+                    queue_stride,
+                    queue_capacity,
+                )
+            }
+            .map_err(|e| Status::internal(format!("receive queue layout: {e}")))?;
+            queues.push(queue);
         }
-        .map_err(|e| Status::internal(format!("receive queue layout: {e}")))?;
         // SAFETY: geometry was computed above, so the views lie within the segment.
-        unsafe { Self::assemble(segment, geometry, queue) }
+        unsafe { Self::assemble(segment, geometry, queues) }
     }
 
     /// Maps a replica segment received from a server and validates its geometry (client side).
@@ -104,11 +147,11 @@ impl ReplicaSegment {
                 "the server's replica segment is malformed ({what}); is it a netless server of the same version?"
             )))
         };
-        if segment.len() < AFTER_DOORBELL {
+        if segment.len() < FIXED_END {
             return bad("too short");
         }
         let header = segment.as_ptr() as *const ReplicaHeader;
-        // SAFETY: the segment is page aligned and at least 64 bytes; ReplicaHeader is plain
+        // SAFETY: the segment is page aligned and at least 128 bytes; ReplicaHeader is plain
         // integers (any bytes are a valid value). This is the one read of the header.
         let g: ReplicaHeader = unsafe { std::ptr::read_volatile(header) };
         if g.magic != REPLICA_MAGIC {
@@ -117,13 +160,18 @@ impl ReplicaSegment {
         if g.version != LAYOUT_VERSION {
             return bad("layout version mismatch");
         }
-        if !g.block_size.is_power_of_two() || !(256..=65536).contains(&g.block_size) {
+        if !g.block_size.is_power_of_two() || !(64..=65536).contains(&g.block_size) {
             return bad("block size");
         }
         if g.nblocks < 1
-            || g.nblocks > 1 << 20
+            || g.nblocks > MAX_BLOCKS
             || g.max_connections == 0
             || g.max_connections > 0xffff
+            || g.provisioning > provisioning::PER_CONNECTION
+            || g.nparts == 0
+            || g.part_blocks == 0
+            || g.nparts.checked_mul(g.part_blocks) != Some(g.nblocks)
+            || !(1..=MAX_QUEUES).contains(&g.nqueues)
         {
             return bad("counts");
         }
@@ -131,36 +179,52 @@ impl ReplicaSegment {
             return bad("length");
         }
         let len = segment.len() as u64;
-        let q_end = g
-            .queue_offset
-            .checked_add(ReceiveQueue::bytes_needed(g.queue_capacity.min(1 << 24)) as u64);
+        let queues_end = g
+            .queue_stride
+            .checked_mul(u64::from(g.nqueues))
+            .and_then(|n| n.checked_add(g.queue_offset));
+        let qctl_end = g
+            .qctl_offset
+            .checked_add(u64::from(g.nqueues) * QUEUE_LINES as u64);
         let t_end = g.table_offset.checked_add(u64::from(g.nblocks) * 4);
         let b_end = g
             .blocks_offset
             .checked_add(u64::from(g.nblocks) * u64::from(g.block_size));
-        let ordered = g.queue_offset >= AFTER_DOORBELL as u64
+        let ordered = g.qctl_offset >= FIXED_END as u64
+            && g.qctl_offset.is_multiple_of(64)
             && g.queue_offset.is_multiple_of(64)
+            && g.queue_stride.is_multiple_of(64)
+            && g.queue_stride > 0
             && g.table_offset.is_multiple_of(64)
             && g.blocks_offset.is_multiple_of(64)
-            && q_end.is_some_and(|e| e <= g.table_offset)
+            && qctl_end.is_some_and(|e| e <= g.queue_offset)
+            && queues_end.is_some_and(|e| e <= g.table_offset)
             && t_end.is_some_and(|e| e <= g.blocks_offset)
             && b_end.is_some_and(|e| e <= len);
         if !ordered {
             return bad("region offsets");
         }
-        // SAFETY: the queue region [queue_offset, table_offset) lies inside the mapping and is
-        // 64-byte aligned (checked above); attach re-validates the capacity it reads.
-        let queue = unsafe {
-            ReceiveQueue::attach(
-                NonNull::new_unchecked(segment.as_ptr().add(g.queue_offset as usize)),
-                (g.table_offset - g.queue_offset) as usize,
-            )
+        let mut queues = Vec::with_capacity(g.nqueues as usize);
+        for q in 0..u64::from(g.nqueues) {
+            // SAFETY: queue q's region [queue_offset + q·stride, +stride) lies inside the
+            // mapping and is 64-byte aligned (checked above); attach validates the capacity.
+            let queue = unsafe {
+                ReceiveQueue::attach(
+                    NonNull::new_unchecked(
+                        segment
+                            .as_ptr()
+                            .add((g.queue_offset + q * g.queue_stride) as usize),
+                    ),
+                    g.queue_stride as usize,
+                )
+            }
+            .map_err(|e| {
+                Status::unavailable(format!("the server's receive queue is malformed: {e}"))
+            })?;
+            queues.push(queue);
         }
-        .map_err(|e| {
-            Status::unavailable(format!("the server's receive queue is malformed: {e}"))
-        })?;
         // SAFETY: every region was bounds-checked against the mapping above.
-        unsafe { Self::assemble(segment, g, queue) }
+        unsafe { Self::assemble(segment, g, queues) }
     }
 
     /// # Safety
@@ -168,12 +232,38 @@ impl ReplicaSegment {
     unsafe fn assemble(
         segment: Segment,
         geometry: ReplicaHeader,
-        queue: ReceiveQueue<'static>,
+        queues: Vec<ReceiveQueue<'static>>,
     ) -> Result<ReplicaSegment, Status> {
         let base = segment.as_ptr();
-        // SAFETY: DOORBELL_OFFSET + 64 <= queue_offset, inside the mapping and 64-byte aligned;
-        // DoorbellWords is two AtomicU32s only ever accessed atomically.
-        let doorbell = unsafe { &*(base.add(DOORBELL_OFFSET) as *const DoorbellWords) };
+        let qctl = geometry.qctl_offset as usize;
+        let queues = queues
+            .into_iter()
+            .enumerate()
+            .map(|(q, queue)| {
+                // SAFETY: queue q's two lines lie in [qctl_offset, queue_offset), inside the
+                // mapping and 64-byte aligned; both are atomics only ever accessed atomically.
+                let (doorbell, head) = unsafe {
+                    let line = base.add(qctl + q * QUEUE_LINES);
+                    (
+                        &*(line as *const DoorbellWords),
+                        &*(line.add(64) as *const QueueHead),
+                    )
+                };
+                QueueView {
+                    queue,
+                    doorbell,
+                    head,
+                }
+            })
+            .collect();
+        // SAFETY: both control lines lie below FIXED_END <= qctl_offset, 64-byte aligned;
+        // they hold atomics only.
+        let (server_control, client_control) = unsafe {
+            (
+                &*(base.add(SERVER_CONTROL_OFFSET) as *const ServerControl),
+                &*(base.add(CLIENT_CONTROL_OFFSET) as *const ClientControl),
+            )
+        };
         // SAFETY: the table region holds nblocks u32s inside the mapping (caller's contract).
         let table = unsafe {
             atomic_u32_slice(
@@ -185,8 +275,9 @@ impl ReplicaSegment {
         let blocks = unsafe { NonNull::new_unchecked(base.add(geometry.blocks_offset as usize)) };
         Ok(ReplicaSegment {
             geometry,
-            queue,
-            doorbell,
+            queues,
+            server_control,
+            client_control,
             table,
             blocks,
             segment,
@@ -196,14 +287,28 @@ impl ReplicaSegment {
     pub(crate) fn geometry(&self) -> &ReplicaHeader {
         &self.geometry
     }
-    pub(crate) fn queue(&self) -> &ReceiveQueue<'static> {
-        &self.queue
+    /// The receive queues (one unless dispatch is partitioned).
+    pub(crate) fn queues(&self) -> &[QueueView] {
+        &self.queues
     }
-    pub(crate) fn doorbell(&self) -> &DoorbellWords {
-        self.doorbell
+    /// The queue a connection's requests go to.
+    pub(crate) fn queue_for(&self, conn_index: u32) -> &QueueView {
+        &self.queues[conn_index as usize % self.queues.len()]
+    }
+    pub(crate) fn server_control(&self) -> &ServerControl {
+        self.server_control
+    }
+    pub(crate) fn client_control(&self) -> &ClientControl {
+        self.client_control
     }
     pub(crate) fn table(&self) -> &[AtomicU32] {
         self.table
+    }
+    /// The blocks a connection may allocate from: its partition's range.
+    pub(crate) fn partition_for(&self, conn_index: u32) -> std::ops::Range<u32> {
+        let p = conn_index % self.geometry.nparts;
+        let start = p * self.geometry.part_blocks;
+        start..start + self.geometry.part_blocks
     }
     pub(crate) fn segment(&self) -> &Segment {
         &self.segment
@@ -250,7 +355,7 @@ impl ConnSegment {
             ring_offset: ring_offset as u64,
             total_len: total_len as u64,
         };
-        // SAFETY: the segment is page aligned and at least AFTER_DOORBELL bytes long.
+        // SAFETY: the segment is page aligned and longer than RING_OFFSET bytes.
         unsafe { std::ptr::write(segment.as_ptr() as *mut ConnHeader, header) };
         // SAFETY: the ring region lies inside the segment and is 64-byte aligned.
         let consumer = unsafe {

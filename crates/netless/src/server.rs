@@ -25,14 +25,14 @@ use netless_ring::{ConsumerHead, Dequeue, Producer, PushError};
 use netless_shm::{peer_cred, recv_frame, send_frame};
 
 use crate::call::{Request, ResponseBuilder};
-use crate::config::{resolve_socket, ServerConfig};
+use crate::config::{resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    block_state, conn_tag, kind, wire_flags, ResponseHeader, WireHeader, HEADER_LEN,
+    block_state, conn_tag, kind, provisioning, wire_flags, ResponseHeader, WireHeader, HEADER_LEN,
     RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
-use crate::segments::{ConnSegment, ReplicaSegment};
+use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
 use crate::spin_lock::SpinLock;
 use crate::status::{Code, Status};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -87,10 +87,21 @@ pub struct ServerStats {
     pub dropped: u64,
     /// Connections closed for violating the protocol.
     pub protocol_violations: u64,
-    /// Blocks of the receive buffer that are free (not leased to any connection).
+    /// Blocks of the receive buffer that are free (not holding a request).
     pub free_blocks: u32,
-    /// Blocks in the receive buffer.
+    /// Blocks in the receive buffer (all partitions).
     pub total_blocks: u32,
+    /// Bytes of receive buffer provisioned for the current connections: the whole buffer in
+    /// [`Provisioning::Shared`] and [`Provisioning::PerWorker`], one partition per live
+    /// connection in [`Provisioning::PerConnection`].
+    pub receive_buffer_bytes: u64,
+    /// Requests clients refused to send (buffer full or queue deeper than the SLO allows),
+    /// as counted by the clients in shared memory (a hint: clients write it).
+    pub nacks: u64,
+    /// The queue-depth limit in force (0: none).
+    pub depth_limit: u32,
+    /// Mean handler time measured so far (with an SLO whose service time is not declared).
+    pub measured_service: Option<Duration>,
 }
 
 /// A running netless server for one service. Stops (and removes its socket) when dropped or
@@ -123,7 +134,8 @@ struct ServerShared {
     socket_path: PathBuf,
     config: ServerConfig,
     replica: ReplicaSegment,
-    head: ConsumerHead,
+    /// Consumer position of each receive queue.
+    heads: Box<[ConsumerHead]>,
     slots: Box<[ConnSlot]>,
     handler: Box<dyn Handler>,
     stopping: AtomicBool,
@@ -144,8 +156,13 @@ struct WorkerSlot {
     /// `IDLE`, `BUSY` (between taking a queue entry and knowing its connection), or the tag
     /// of the connection whose request it is serving.
     serving: AtomicU32,
+    /// `BUSY` while the worker holds a second, prefetched queue entry (`Dispatch::Jbsq2`).
+    held: AtomicU32,
     requests: AtomicU64,
     errors: AtomicU64,
+    /// Nanoseconds spent serving requests (measured only for an SLO without a declared
+    /// service time).
+    busy_ns: AtomicU64,
 }
 
 const IDLE: u32 = 0;
@@ -252,14 +269,29 @@ impl Server {
             }
             let _ = std::fs::remove_file(&socket_path);
         }
-        let nblocks = (config.buffer_bytes / config.block_size as usize) as u32;
+        let part_blocks = (config.partition_bytes() / config.block_size as usize) as u32;
         let replica = ReplicaSegment::create(
             service,
-            config.block_size,
-            nblocks,
-            config.max_message as u32,
-            config.max_connections,
+            ReplicaSpec {
+                block_size: config.block_size,
+                provisioning: match config.provisioning {
+                    Provisioning::Shared => provisioning::SHARED,
+                    Provisioning::PerWorker => provisioning::PER_WORKER,
+                    Provisioning::PerConnection => provisioning::PER_CONNECTION,
+                },
+                nparts: config.partitions(),
+                part_blocks,
+                nqueues: config.queues(),
+                max_message: config.max_message as u32,
+                max_connections: config.max_connections,
+            },
         )?;
+        if let Some(limit) = config.depth_limit(None) {
+            replica
+                .server_control()
+                .depth_limit
+                .store(limit, Ordering::Relaxed);
+        }
         let listener = UnixListener::bind(&socket_path).map_err(|e| {
             Status::unavailable(format!("cannot bind {}: {e}", socket_path.display()))
         })?;
@@ -271,7 +303,7 @@ impl Server {
             deferring: AtomicBool::new(false),
             service: service.to_string(),
             socket_path,
-            head: ConsumerHead::new(),
+            heads: (0..config.queues()).map(|_| ConsumerHead::new()).collect(),
             slots: (0..config.max_connections)
                 .map(|_| ConnSlot {
                     tag: AtomicU32::new(0),
@@ -357,6 +389,33 @@ impl Server {
                 .filter(|w| w.load(Ordering::Relaxed) == block_state::FREE)
                 .count() as u32,
             total_blocks: table.len() as u32,
+            receive_buffer_bytes: self.receive_buffer_bytes(),
+            nacks: self
+                .shared
+                .replica
+                .client_control()
+                .nacks
+                .load(Ordering::Relaxed),
+            depth_limit: self
+                .shared
+                .replica
+                .server_control()
+                .depth_limit
+                .load(Ordering::Relaxed),
+            measured_service: self.shared.measured_service(),
+        }
+    }
+
+    /// Bytes of receive buffer provisioned for the current connections (see
+    /// [`ServerStats::receive_buffer_bytes`]).
+    pub fn receive_buffer_bytes(&self) -> u64 {
+        let g = self.shared.replica.geometry();
+        let part = u64::from(g.part_blocks) * u64::from(g.block_size);
+        match g.provisioning {
+            provisioning::PER_CONNECTION => {
+                part * u64::from(self.shared.connections.load(Ordering::Relaxed))
+            }
+            _ => part * u64::from(g.nparts),
         }
     }
 
@@ -387,7 +446,9 @@ impl Server {
             return;
         }
         let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
-        netless_ring::ring_all(self.shared.replica.doorbell());
+        for q in self.shared.replica.queues() {
+            netless_ring::ring_all(q.doorbell);
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -477,9 +538,11 @@ impl ServerShared {
                 live.remove(&conn.socket.as_raw_fd());
                 self.retire(&conn);
                 // The tail is written by clients: never believe it more than a lap ahead.
-                let head = self.head.position();
-                let lap = u64::from(self.replica.queue().capacity());
-                let tail = self.replica.queue().tail_hint();
+                let q = conn.index as usize % self.heads.len();
+                let head = self.heads[q].position();
+                let queue = &self.replica.queues()[q].queue;
+                let lap = u64::from(queue.capacity());
+                let tail = queue.tail_hint();
                 let tail_at_death = if tail.wrapping_sub(head) <= lap {
                     tail
                 } else {
@@ -500,6 +563,7 @@ impl ServerShared {
                 }
             }
             dying.retain(|d| !self.try_reclaim(d));
+            self.update_depth_limit();
         }
         for conn in live.values() {
             conn.close(Status::unavailable(format!(
@@ -631,7 +695,11 @@ impl ServerShared {
         }
         let _ = conn.socket.set_read_timeout(None);
         let _ = conn.socket.set_write_timeout(None);
-        self.connections.fetch_add(1, Ordering::Relaxed);
+        let n = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        self.replica
+            .server_control()
+            .connections
+            .store(n, Ordering::Relaxed);
         Some(conn)
     }
 
@@ -646,37 +714,81 @@ impl ServerShared {
 
     /// Frees a retired connection's blocks once no worker can be touching its requests.
     fn try_reclaim(&self, d: &Dying) -> bool {
-        let drained = self.head.position().wrapping_sub(d.tail_at_death) as i64 >= 0;
+        let q = d.conn.index as usize % self.heads.len();
+        let drained = self.heads[q].position().wrapping_sub(d.tail_at_death) as i64 >= 0;
         // Pairs with the workers' Release stores of the head: what they did before moving it
         // (marking themselves BUSY) is visible to the checks below.
         std::sync::atomic::fence(Ordering::Acquire);
         if !(drained
             && self.workers.iter().all(|w| {
                 let serving = w.serving.load(Ordering::Acquire);
-                serving != BUSY && serving != d.conn.tag
+                serving != BUSY && serving != d.conn.tag && w.held.load(Ordering::Acquire) != BUSY
             })
             && d.since.elapsed() >= RECLAIM_GRACE)
         {
             return false;
         }
         let tag = d.conn.tag;
-        for word in self.replica.table() {
-            let current = word.load(Ordering::Relaxed);
-            if current != block_state::FREE && block_state::tag_of(current) == tag {
-                let _ = word.compare_exchange(
-                    current,
-                    block_state::FREE,
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                );
+        let table = self.replica.table();
+        // Where this connection could have allocated: its partition (a faulty client's
+        // writes elsewhere are caught by the tag check of whoever reads those words).
+        let words = match self.config.provisioning {
+            Provisioning::Shared => table,
+            _ => {
+                let part = self.replica.partition_for(d.conn.index);
+                &table[part.start as usize..part.end as usize]
             }
+        };
+        for word in words {
+            let _ = word.compare_exchange(
+                block_state::owned(tag),
+                block_state::FREE,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
         }
         *self.slots[d.conn.index as usize]
             .conn
             .write()
             .unwrap_or_else(|e| e.into_inner()) = None;
-        self.connections.fetch_sub(1, Ordering::Relaxed);
+        let n = self.connections.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.replica
+            .server_control()
+            .connections
+            .store(n, Ordering::Relaxed);
         true
+    }
+
+    /// With an SLO whose service time is not declared: once the workers have served
+    /// `Slo::WARMUP` requests, publishes the queue-depth limit for the measured mean.
+    fn update_depth_limit(&self) {
+        let Some(slo) = &self.config.slo else { return };
+        if slo.mean_service.is_some() {
+            return;
+        }
+        if let Some(mean) = self.measured_service() {
+            if let Some(limit) = self.config.depth_limit(Some(mean)) {
+                self.replica
+                    .server_control()
+                    .depth_limit
+                    .store(limit, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Mean time a worker spends on a request, once `Slo::WARMUP` have been measured.
+    fn measured_service(&self) -> Option<Duration> {
+        let slo = self.config.slo.as_ref()?;
+        if slo.mean_service.is_some() {
+            return None;
+        }
+        let (n, ns) = self.workers.iter().fold((0u64, 0u64), |(n, ns), w| {
+            (
+                n + w.requests.load(Ordering::Relaxed),
+                ns + w.busy_ns.load(Ordering::Relaxed),
+            )
+        });
+        (n >= Slo::WARMUP).then(|| Duration::from_nanos(ns / n))
     }
 
     fn work(&self, worker: usize) {
@@ -688,64 +800,110 @@ impl ServerShared {
         }
         let mut cache: Vec<Option<Arc<Conn>>> = vec![None; self.slots.len()];
         let mut response = Scratch::default();
-        let queue = self.replica.queue();
+        // Partitioned dispatch: worker w alone drains queue w; otherwise all share queue 0.
+        let q = worker % self.heads.len();
+        let view = &self.replica.queues()[q];
+        let (queue, head) = (&view.queue, &self.heads[q]);
         let me = &self.workers[worker];
-        let single = self.workers.len() == 1;
+        let single = self.workers.len() / self.heads.len() == 1;
+        let jbsq2 = self.config.dispatch == Dispatch::Jbsq2;
+        let measure = self.config.slo.is_some_and(|s| s.mean_service.is_none());
         let futex_only = self.config.wait.mode == netless_ring::WaitMode::Futex;
         let mut polls = 0u32;
-        while !self.stopping.load(Ordering::Acquire) {
-            let item = netless_ring::wait(
-                self.replica.doorbell(),
-                &self.config.wait,
-                None,
-                Duration::from_millis(100),
-                || {
-                    polls = polls.wrapping_add(1);
-                    if self.stopping.load(Ordering::Acquire) {
-                        return Some(None);
+        // Jbsq2: a second entry taken (and its payload prefetched) while serving the first.
+        let mut next: Option<u32> = None;
+        // Takes the next entry, if any; `hold` marks the worker so reclamation waits for it.
+        let take = |full_check: bool, hold: bool| -> Option<Option<u32>> {
+            // Before the entry is taken: say so (reclamation waits for BUSY workers), and
+            // start fetching the request while the claim waits for the cell.
+            let on_full = |block: u32| {
+                if hold {
+                    me.held.store(BUSY, Ordering::Relaxed);
+                } else {
+                    me.serving.store(BUSY, Ordering::Relaxed);
+                }
+                if let Some(first) = self.replica.block_run(block, 1) {
+                    prefetch_read_range(first, 2 * 64, 2);
+                }
+                // For writing: the worker reads it, then stores FREE into it.
+                if let Some(word) = self.replica.table().get(block as usize) {
+                    prefetch_write((word as *const AtomicU32).cast());
+                }
+            };
+            let dequeued = if single {
+                queue.try_dequeue_single_consumer(head, full_check, on_full)
+            } else {
+                queue.try_dequeue_with(head, full_check, on_full)
+            };
+            let idle = if hold { &me.held } else { &me.serving };
+            match dequeued {
+                Dequeue::Item(block) => {
+                    // Published for clients' queue-depth checks (SLO NACKs, replica choice).
+                    view.head.position.store(head.position(), Ordering::Relaxed);
+                    Some(Some(block))
+                }
+                Dequeue::Skipped => {
+                    idle.store(IDLE, Ordering::Release);
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+                Dequeue::Empty => {
+                    // on_full may have run for an entry another worker won.
+                    if !single {
+                        idle.store(IDLE, Ordering::Release);
                     }
-                    // Most polls read only the next cell; every 256th also checks for holes,
-                    // which reads the tail clients write. (In futex mode a worker polls once
-                    // per wake-up, so it checks every time.)
-                    let full_check = futex_only || polls.is_multiple_of(256);
-                    // Before the entry is taken: say so (reclamation waits for BUSY workers),
-                    // and start fetching the request while the claim waits for the cell.
-                    let on_full = |block: u32| {
-                        me.serving.store(BUSY, Ordering::Relaxed);
-                        if let Some(first) = self.replica.block_run(block, 1) {
-                            prefetch_read_range(first, 2 * 64, 2);
-                        }
-                        // For writing: the worker reads it, then stores CACHED into it.
-                        if let Some(word) = self.replica.table().get(block as usize) {
-                            prefetch_write((word as *const AtomicU32).cast());
-                        }
-                    };
-                    let dequeued = if single {
-                        queue.try_dequeue_single_consumer(&self.head, full_check, on_full)
-                    } else {
-                        queue.try_dequeue_with(&self.head, full_check, on_full)
-                    };
-                    match dequeued {
-                        Dequeue::Item(block) => Some(Some(block)),
-                        Dequeue::Skipped => {
-                            me.serving.store(IDLE, Ordering::Release);
-                            self.dropped.fetch_add(1, Ordering::Relaxed);
-                            None
-                        }
-                        Dequeue::Empty => {
-                            // on_full may have run for an entry another worker won.
-                            if !single {
-                                me.serving.store(IDLE, Ordering::Release);
-                            }
-                            None
-                        }
-                    }
-                },
-            );
-            if let Ok(Some(block)) = item {
-                self.serve(block, me, &mut cache, &mut response);
-                me.serving.store(IDLE, Ordering::Release);
+                    None
+                }
             }
+        };
+        while !self.stopping.load(Ordering::Acquire) {
+            let block = match next.take() {
+                Some(block) => {
+                    me.serving.store(BUSY, Ordering::Relaxed);
+                    me.held.store(IDLE, Ordering::Release);
+                    Some(block)
+                }
+                None => {
+                    let item = netless_ring::wait(
+                        view.doorbell,
+                        &self.config.wait,
+                        None,
+                        Duration::from_millis(100),
+                        || {
+                            polls = polls.wrapping_add(1);
+                            if self.stopping.load(Ordering::Acquire) {
+                                return Some(None);
+                            }
+                            // Most polls read only the next cell; every 256th also checks
+                            // for holes, which reads the tail clients write. (In futex mode
+                            // a worker polls once per wake-up, so it checks every time.)
+                            take(futex_only || polls.is_multiple_of(256), false)
+                        },
+                    );
+                    item.ok().flatten()
+                }
+            };
+            let Some(block) = block else { continue };
+            if jbsq2 {
+                next = take(true, true).flatten();
+                if let Some(b) = next {
+                    // The second request's payload, while the first runs.
+                    if let Some(run) = self.replica.block_run(b, 1) {
+                        prefetch_read_range(run, self.replica.block_size().max(256), 4);
+                    }
+                }
+            }
+            let started = measure.then(Instant::now);
+            self.serve(block, me, &mut cache, &mut response);
+            if let Some(t) = started {
+                let ns = t.elapsed().as_nanos() as u64;
+                me.busy_ns
+                    .store(me.busy_ns.load(Ordering::Relaxed) + ns, Ordering::Relaxed);
+            }
+            me.serving.store(IDLE, Ordering::Release);
+        }
+        if next.is_some() {
+            me.held.store(IDLE, Ordering::Release);
         }
     }
 
@@ -815,6 +973,12 @@ impl ServerShared {
         let run = replica
             .block_run(block, h.nblocks)
             .ok_or("block run outside the buffer")?;
+        if self.config.provisioning != Provisioning::Shared {
+            let part = replica.partition_for(conn.index);
+            if block < part.start || u64::from(block) + u64::from(h.nblocks) > u64::from(part.end) {
+                return Err("request blocks outside the connection's partition");
+            }
+        }
         let owned = block_state::owned(conn.tag);
         let words = &table[block as usize..(block + h.nblocks) as usize];
         if words.iter().any(|w| w.load(Ordering::Acquire) != owned) {
@@ -831,10 +995,10 @@ impl ServerShared {
         // connection above, only their owner may change them meanwhile (an honest one does
         // not), and a store does not stall this worker until the line is back from the
         // client's core. The store is ordered before the response (TSO and Release), so the
-        // client sees its blocks CACHED by the time it sees the reply.
+        // client sees its blocks FREE by the time it sees the reply.
         let release = || {
             for w in words {
-                w.store(block_state::cached(conn.tag), Ordering::Release);
+                w.store(block_state::FREE, Ordering::Release);
             }
         };
         if h.frag_len == h.body_len {

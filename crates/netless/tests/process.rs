@@ -569,7 +569,7 @@ fn full_receive_buffer_fails_fast_with_resource_exhausted() {
     let config = netless::ServerConfig {
         workers: 1,
         block_size: 1024,
-        buffer_bytes: 4 * 1024,
+        buffer_bytes: Some(4 * 1024),
         ..server_config(dir.path())
     };
     let _server = Server::bind("test.Full", config, test_handler).unwrap();

@@ -562,7 +562,7 @@ pub fn serve_tier(args: TierArgs) -> anyhow::Result<()> {
         workers: args.workers.max(1),
         wait: wait_policy(args.spin_us),
         block_size: TIER_BLOCK,
-        buffer_bytes: TIER_BUFFER,
+        buffer_bytes: Some(TIER_BUFFER),
         dir: Some(args.dir.clone()),
         ..Default::default()
     };

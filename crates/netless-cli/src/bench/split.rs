@@ -109,7 +109,7 @@ pub fn serve_logic(pin_cpu: Option<usize>) -> anyhow::Result<()> {
     // 32 calls of 48 KiB in flight need more than the default 1 MiB receive buffer (with
     // less, the excess is refused with RESOURCE_EXHAUSTED, by design).
     let config = netless::ServerConfig {
-        buffer_bytes: 8 << 20,
+        buffer_bytes: Some(8 << 20),
         ..Default::default()
     };
     let _serving = netless_grpc::GrpcServer::new()

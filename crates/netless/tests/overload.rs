@@ -1,0 +1,186 @@
+//! Overload against an SLO (NEBULA's fail-fast NACK), across real processes: the server runs
+//! in the test process (so the test reads its stats), the open-loop load comes from a spawned
+//! client process. Alone in its binary so that no other test competes for the two cores
+//! while it measures latency.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use netless::{
+    CallOptions, Client, Code, Request, ResponseBuilder, Server, ServerConfig, Slo, Status,
+};
+
+/// Service time of the `Work` method: a sleep, so it is (nearly) the same every call and the
+/// test does not depend on having a core to itself.
+const SERVICE: Duration = Duration::from_millis(5);
+/// The SLO: 10 service times.
+const TARGET: Duration = Duration::from_millis(50);
+
+fn work_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+    if req.method == "Work" {
+        thread::sleep(SERVICE);
+    }
+    resp.payload.extend_from_slice(req.payload);
+    Ok(())
+}
+
+/// Entry point of spawned peers (run only by them, via `--ignored`).
+#[test]
+#[ignore = "entry point of the peer processes the other tests spawn"]
+fn overload_child_entry() {
+    let Some((role, dir, service)) = role() else {
+        return;
+    };
+    match role.as_str() {
+        // Open-loop Poisson load at `rate` calls/s for `secs`, from many threads so that a
+        // call waiting its turn does not hold back the schedule; prints one summary line.
+        load if load.starts_with("load-") => {
+            let mut parts = load.split('-').skip(1);
+            let rate: f64 = parts.next().unwrap().parse().unwrap();
+            let secs: f64 = parts.next().unwrap().parse().unwrap();
+            let client = Client::connect_with(&service, client_config(&dir)).unwrap();
+            println!("READY");
+            std::io::stdout().flush().unwrap();
+            const THREADS: u64 = 64;
+            let start = Instant::now() + Duration::from_millis(20);
+            let threads: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let client = client.clone();
+                    thread::spawn(move || {
+                        let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t * 0x1234_5678_9abc + 1);
+                        let mut next = start;
+                        let end = start + Duration::from_secs_f64(secs);
+                        let (mut ok, mut nack, mut other) = (Vec::new(), Vec::new(), 0u64);
+                        loop {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            let u = (rng >> 11) as f64 / (1u64 << 53) as f64;
+                            let gap = -(1.0 - u).ln() / (rate / THREADS as f64);
+                            next += Duration::from_secs_f64(gap);
+                            if next >= end {
+                                break;
+                            }
+                            if let Some(d) = next.checked_duration_since(Instant::now()) {
+                                thread::sleep(d);
+                            }
+                            let t0 = Instant::now();
+                            let r = client.call("Work", b"w", &CallOptions::new());
+                            let us = t0.elapsed().as_micros() as u64;
+                            match r {
+                                Ok(_) => ok.push(us),
+                                Err(s) if s.code() == Code::ResourceExhausted => nack.push(us),
+                                Err(s) => {
+                                    eprintln!("unexpected: {s}");
+                                    other += 1;
+                                }
+                            }
+                        }
+                        (ok, nack, other)
+                    })
+                })
+                .collect();
+            let (mut ok, mut nack, mut other) = (Vec::new(), Vec::new(), 0);
+            for t in threads {
+                let (o, n, x) = t.join().unwrap();
+                ok.extend(o);
+                nack.extend(n);
+                other += x;
+            }
+            let p99 = |v: &mut Vec<u64>| {
+                v.sort_unstable();
+                v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
+                    .copied()
+                    .unwrap_or(0)
+            };
+            println!(
+                "RESULT ok={} ok_p99_us={} nack={} nack_p99_us={} other={other}",
+                ok.len(),
+                p99(&mut ok),
+                nack.len(),
+                p99(&mut nack),
+            );
+            std::io::stdout().flush().unwrap();
+        }
+        _ => {}
+    }
+}
+
+/// Parses `key=value` fields of the child's RESULT line.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
+    let dir = TestDir::new("slo");
+    // Declared above the real 5 ms, as an operator leaving margin would: the queue-depth
+    // limit (5 ahead, so at most 7 service times) then leaves room for scheduling noise on
+    // a shared 2-core machine.
+    let slo = Slo::new(TARGET)
+        .mean_service(Duration::from_millis(7))
+        .mean_request_bytes(64);
+    let config = ServerConfig {
+        workers: 1,
+        slo: Some(slo),
+        ..server_config(dir.path())
+    };
+    let sized = config.slo_sizing(&slo).buffer_bytes as u64;
+    let server = Server::bind("t.Slo", config, work_handler).unwrap();
+    let before = server.stats();
+    assert!(before.depth_limit > 0, "{before:?}");
+    assert_eq!(before.receive_buffer_bytes, sized);
+    assert!(sized < 1 << 20, "SLO-sized buffer of {sized} bytes");
+
+    // Capacity is 1 / SERVICE = 200 calls/s; offer twice that for 2 s.
+    let rate = 2.0 / SERVICE.as_secs_f64();
+    let mut child = spawn_role(
+        "overload_child_entry",
+        &format!("load-{rate}-2"),
+        dir.path(),
+        "t.Slo",
+    );
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    wait_for_line(&mut out, "READY");
+    let mut line = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !line.starts_with("RESULT") {
+        assert!(Instant::now() < deadline, "load generator hung");
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "load generator died");
+        line = line.trim_start_matches(|c: char| c != 'R').to_string();
+    }
+    assert!(child.wait().unwrap().success());
+    let (ok, nack) = (field(&line, "ok"), field(&line, "nack"));
+    eprintln!("{}", line.trim());
+    assert_eq!(field(&line, "other"), 0, "{line}");
+    // The server kept working at (about) capacity: 2 s × 200/s, allowing for a slow machine.
+    assert!(ok >= 160, "only {ok} calls accepted: {line}");
+    // At twice the capacity about half must be refused.
+    assert!(
+        nack * 4 >= (ok + nack),
+        "too few NACKs under 2× overload: {line}"
+    );
+    // Accepted calls met the SLO; refused ones failed at once, far below it.
+    let ok_p99 = Duration::from_micros(field(&line, "ok_p99_us"));
+    assert!(ok_p99 <= TARGET, "accepted p99 {ok_p99:?} > SLO {TARGET:?}");
+    let nack_p99 = Duration::from_micros(field(&line, "nack_p99_us"));
+    assert!(
+        nack_p99 < TARGET / 4,
+        "NACK p99 {nack_p99:?} is not fail-fast"
+    );
+
+    // Memory stayed bounded: the same buffer, all of it free again; every NACK counted.
+    let after = server.stats();
+    assert_eq!(after.receive_buffer_bytes, sized);
+    assert_eq!(after.free_blocks, after.total_blocks, "{after:?}");
+    assert!(after.nacks >= nack, "{after:?} vs {nack}");
+}
