@@ -188,13 +188,23 @@ impl Client {
     pub fn connect_with(service: &str, config: ClientConfig) -> Result<Client, Status> {
         config.validate()?;
         let (dir, path) = resolve_socket(config.dir.as_deref(), service)?;
+        Client::connect_at(service, dir, &path, config)
+    }
+
+    /// Connects to the server listening at `path` (a replica's socket in `dir`).
+    pub(crate) fn connect_at(
+        service: &str,
+        dir: PathBuf,
+        path: &std::path::Path,
+        config: ClientConfig,
+    ) -> Result<Client, Status> {
         let not_found = || {
             Status::unavailable(format!(
                 "service `{service}` not found in {}: is its server running? (set NETLESS_DIR if it uses another directory)",
                 dir.display()
             ))
         };
-        let socket = match UnixStream::connect(&path) {
+        let socket = match UnixStream::connect(path) {
             Ok(s) => s,
             Err(e) if netless_shm::nobody_listens(&e) => return Err(not_found()),
             Err(e) => {
@@ -260,7 +270,16 @@ impl Client {
         let g = *replica.geometry();
         let block = g.block_size as usize;
         // Fragments of up to 64 KiB, and at most a quarter of the partition each.
-        let max_run = (g.part_blocks / 4).clamp(1, (65536 / g.block_size).max(1)) as usize;
+        // At least one byte of body per fragment, even with 64-byte blocks.
+        let min_run = (HEADER_LEN / block + 1) as u32;
+        let max_run = (g.part_blocks / 4)
+            .clamp(min_run, (65536 / g.block_size).max(min_run))
+            .min(g.part_blocks) as usize;
+        if max_run * block <= HEADER_LEN {
+            return Err(Status::unavailable(format!(
+                "service `{service}`'s receive buffer is too small to hold a request"
+            )));
+        }
         let fragment_body = max_run * block - HEADER_LEN;
         let n = config.max_in_flight as usize;
         let words = n.div_ceil(64);
@@ -340,6 +359,12 @@ impl Client {
         self.handle.shared.dead.load(Ordering::Acquire)
     }
 
+    /// Requests queued at the server ahead of a new call from this connection, as the
+    /// server last published it in shared memory (a hint, for load balancing).
+    pub fn queue_depth(&self) -> u64 {
+        self.handle.shared.queue_depth()
+    }
+
     /// Calls `method` with `payload` and waits for the reply.
     pub fn call(
         &self,
@@ -367,8 +392,22 @@ impl Client {
         out.clear();
         let shared = &self.handle.shared;
         let deadline = shared.deadline_for(options);
-        let (index, call_id) =
-            shared.submit(method, options.request_metadata(), payload, deadline, false)?;
+        let mut retry = 0;
+        let (index, call_id) = loop {
+            match shared.submit(method, options.request_metadata(), payload, deadline, false) {
+                Ok(sent) => break sent,
+                Err(s) if s.is_nack() && retry < shared.config.retry.attempts() => {
+                    let seed = shared.token ^ netless_shm::monotonic_ns();
+                    let pause = shared.config.retry.backoff(retry, seed);
+                    if pause.is_zero() || deadline.is_some_and(|d| Instant::now() + pause >= d) {
+                        return Err(s);
+                    }
+                    thread::sleep(pause);
+                    retry += 1;
+                }
+                Err(s) => return Err(s),
+            }
+        };
         let result = shared.wait_blocking(index, call_id, deadline, out);
         if let Some(pool) = shared
             .pool
@@ -894,7 +933,22 @@ impl Shared {
             .client_control()
             .nacks
             .fetch_add(1, Ordering::Relaxed);
-        Status::resource_exhausted(message)
+        Status::nack(message)
+    }
+
+    /// Requests queued at the server ahead of a new one from this connection, as the server
+    /// last published it (a hint).
+    pub(crate) fn queue_depth(&self) -> u64 {
+        let q = self.replica.queue_for(self.conn_index);
+        let depth = q
+            .queue
+            .tail_hint()
+            .wrapping_sub(q.head.position.load(Ordering::Relaxed));
+        if (depth as i64) < 0 {
+            0
+        } else {
+            depth.min(u64::from(q.queue.capacity()))
+        }
     }
 
     fn backoff_for_space(

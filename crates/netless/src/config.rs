@@ -133,6 +133,9 @@ pub struct ServerConfig {
     pub provisioning: Provisioning,
     /// How workers take requests.
     pub dispatch: Dispatch,
+    /// This server's replica number, if it is one of several serving the service: replicas
+    /// listen on `SERVICE#N.sock` and [`Replicas`](crate::Replicas) spreads calls over them.
+    pub replica: Option<u32>,
     /// The latency objective, if any: sizes the buffer and limits the queue depth.
     pub slo: Option<Slo>,
     /// Largest request body accepted; bigger requests fail with `RESOURCE_EXHAUSTED`.
@@ -162,6 +165,7 @@ impl Default for ServerConfig {
             buffer_bytes: None,
             provisioning: Provisioning::Shared,
             dispatch: Dispatch::SingleQueue,
+            replica: None,
             slo: None,
             max_message: DEFAULT_MAX_MESSAGE,
             max_connections: 1024,
@@ -285,6 +289,64 @@ impl ServerConfig {
     }
 }
 
+/// What a client does when a call is NACKed (refused before it was sent: see
+/// [`Status::is_nack`](crate::Status::is_nack)). Other failures are never retried, since the
+/// server may have run the call.
+///
+/// ```
+/// use std::time::Duration;
+/// use netless::RetryPolicy;
+/// let policy = RetryPolicy::Backoff { attempts: 5, initial: Duration::from_micros(50), max: Duration::from_millis(5) };
+/// assert_eq!(policy.attempts(), 5);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// Fail at once with the NACK's `RESOURCE_EXHAUSTED`.
+    #[default]
+    None,
+    /// Try again up to `attempts` more times, sleeping `initial`, then twice as long each
+    /// time up to `max` (with jitter), within the call's deadline.
+    Backoff {
+        /// Retries after the first try.
+        attempts: u32,
+        /// First sleep.
+        initial: Duration,
+        /// Longest sleep.
+        max: Duration,
+    },
+    /// With [`Replicas`](crate::Replicas): try each other replica of the service once, least
+    /// loaded first, then fail. A single-connection [`Client`](crate::Client) fails at once.
+    OtherReplica,
+}
+
+impl RetryPolicy {
+    /// Retries allowed after the first try (for `OtherReplica`: one per other replica).
+    pub fn attempts(&self) -> u32 {
+        match self {
+            RetryPolicy::None => 0,
+            RetryPolicy::Backoff { attempts, .. } => *attempts,
+            RetryPolicy::OtherReplica => u32::MAX,
+        }
+    }
+
+    /// The sleep before retry number `retry` (0-based), with ±25% jitter from `seed`.
+    pub(crate) fn backoff(&self, retry: u32, seed: u64) -> Duration {
+        let RetryPolicy::Backoff { initial, max, .. } = *self else {
+            return Duration::ZERO;
+        };
+        let base = initial
+            .saturating_mul(1u32 << retry.min(20))
+            .min(max.max(initial));
+        // splitmix64 for the jitter: no RNG dependency, different per call.
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let factor = 0.75 + (z >> 11) as f64 / (1u64 << 53) as f64 * 0.5;
+        base.mul_f64(factor)
+    }
+}
+
 /// How a client is set up. Start from `ClientConfig::default()` and change what you need.
 ///
 /// ```
@@ -313,6 +375,8 @@ pub struct ClientConfig {
     pub domain: Option<netless_pool::Domain>,
     /// Payload size from which requests travel by reference (see `domain`).
     pub ref_threshold: usize,
+    /// What to do when a call is NACKed.
+    pub retry: RetryPolicy,
 }
 
 impl Default for ClientConfig {
@@ -327,6 +391,7 @@ impl Default for ClientConfig {
             default_timeout: None,
             domain: None,
             ref_threshold: DEFAULT_REF_THRESHOLD,
+            retry: RetryPolicy::None,
         }
     }
 }
@@ -361,6 +426,34 @@ impl ClientConfig {
     }
 }
 
+/// The socket of replica `n` of `service` in `dir` (validated like the service's own).
+pub(crate) fn replica_socket(dir: &Path, service: &str, n: u32) -> Result<PathBuf, Status> {
+    let plain = netless_shm::service_socket_path(dir, service)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let path = dir.join(format!("{service}#{n}.sock"));
+    // 107: a Unix socket path's limit (sun_path less its NUL).
+    if plain.as_os_str().len() > 107 || path.as_os_str().len() > 107 {
+        return Err(Status::invalid_argument(format!(
+            "replica socket path {} is too long for a Unix socket",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// The replica number in a socket file name `SERVICE#N.sock` or `SERVICE.sock` (`None`), if
+/// the name belongs to `service`.
+pub(crate) fn replica_of(file_name: &str, service: &str) -> Option<Option<u32>> {
+    let rest = file_name.strip_prefix(service)?.strip_suffix(".sock")?;
+    if rest.is_empty() {
+        return Some(None);
+    }
+    let n = rest.strip_prefix('#')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| n.parse().ok().map(Some))
+        .flatten()
+}
+
 /// The socket directory (`dir`, or the default one) and the path of `service`'s socket in it.
 pub(crate) fn resolve_socket(
     dir: Option<&Path>,
@@ -374,4 +467,56 @@ pub(crate) fn resolve_socket(
     let path = netless_shm::service_socket_path(&dir, service)
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok((dir, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_socket_names() {
+        assert_eq!(replica_of("kv.Store.sock", "kv.Store"), Some(None));
+        assert_eq!(replica_of("kv.Store#7.sock", "kv.Store"), Some(Some(7)));
+        assert_eq!(replica_of("kv.Store2.sock", "kv.Store"), None);
+        assert_eq!(replica_of("kv.Store#.sock", "kv.Store"), None);
+        assert_eq!(replica_of("kv.Store#1x.sock", "kv.Store"), None);
+        assert_eq!(replica_of("kv.Store#99999999999.sock", "kv.Store"), None);
+    }
+
+    #[test]
+    fn backoff_grows_to_its_max_with_jitter() {
+        let p = RetryPolicy::Backoff {
+            attempts: 10,
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(8),
+        };
+        for retry in 0..10 {
+            let base = Duration::from_millis(1 << retry.min(3));
+            let d = p.backoff(retry, retry as u64 * 7919);
+            assert!(
+                d >= base.mul_f64(0.75) && d <= base.mul_f64(1.25),
+                "{retry}: {d:?}"
+            );
+        }
+        assert_eq!(RetryPolicy::None.backoff(0, 1), Duration::ZERO);
+    }
+
+    #[test]
+    fn slo_sizing_is_small_and_whole_blocks() {
+        let config = ServerConfig {
+            workers: 4,
+            slo: Some(Slo::new(Duration::from_micros(100)).mean_service(Duration::from_micros(10))),
+            ..ServerConfig::default()
+        };
+        let bytes = config.partition_bytes();
+        assert_eq!(bytes % 64, 0);
+        assert!((4096..1 << 20).contains(&bytes), "{bytes}");
+        assert_eq!(config.depth_limit(None), Some(35));
+        assert!(config.validate().is_ok());
+        let bad = ServerConfig {
+            slo: Some(Slo::new(Duration::from_micros(1)).mean_service(Duration::from_micros(10))),
+            ..ServerConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
 }

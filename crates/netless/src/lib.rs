@@ -34,6 +34,7 @@ pub mod fault;
 mod handshake;
 mod layout;
 mod metadata;
+mod replicas;
 mod segments;
 mod server;
 pub mod sizing;
@@ -45,12 +46,13 @@ pub(crate) use netless_shm::sync;
 pub use call::{CallOptions, Reply, Request, ResponseBuilder};
 pub use client::Client;
 pub use config::{
-    ClientConfig, Dispatch, Provisioning, ServerConfig, Slo, DEFAULT_BUFFER_BYTES,
+    ClientConfig, Dispatch, Provisioning, RetryPolicy, ServerConfig, Slo, DEFAULT_BUFFER_BYTES,
     DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_MESSAGE, DEFAULT_REF_THRESHOLD,
 };
 pub use metadata::{Metadata, MAX_KEY_LEN};
 pub use netless_pool;
 pub use netless_ring::{WaitMode, WaitPolicy};
 pub use netless_shm::Acl;
+pub use replicas::Replicas;
 pub use server::{ConnectionWatch, DeferredReply, Handler, Server, ServerStats};
 pub use status::{Code, Status};

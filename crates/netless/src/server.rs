@@ -25,7 +25,7 @@ use netless_ring::{ConsumerHead, Dequeue, Producer, PushError};
 use netless_shm::{peer_cred, recv_frame, send_frame};
 
 use crate::call::{Request, ResponseBuilder};
-use crate::config::{resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
+use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
     block_state, conn_tag, kind, provisioning, wire_flags, ResponseHeader, WireHeader, HEADER_LEN,
@@ -256,7 +256,10 @@ impl Server {
         handler: impl Handler,
     ) -> Result<Server, Status> {
         config.validate()?;
-        let (_, socket_path) = resolve_socket(config.dir.as_deref(), service)?;
+        let (dir, mut socket_path) = resolve_socket(config.dir.as_deref(), service)?;
+        if let Some(n) = config.replica {
+            socket_path = replica_socket(&dir, service, n)?;
+        }
         if socket_path.exists() {
             if UnixStream::connect(&socket_path).is_ok() {
                 return Err(Status::new(

@@ -121,6 +121,8 @@ impl fmt::Display for Code {
 pub struct Status {
     code: Code,
     message: String,
+    /// A NACK: refused before anything was sent, so the call may be retried as is.
+    nack: bool,
 }
 
 impl Status {
@@ -129,7 +131,23 @@ impl Status {
         Status {
             code,
             message: message.into(),
+            nack: false,
         }
+    }
+
+    /// A NACK (`RESOURCE_EXHAUSTED`): the request was refused before any of it was sent.
+    pub(crate) fn nack(message: impl Into<String>) -> Status {
+        Status {
+            nack: true,
+            ..Status::resource_exhausted(message)
+        }
+    }
+
+    /// Whether this is a NACK: the server's receive buffer was full or its queue deeper than
+    /// its SLO allows, so the request was refused before any of it was sent and retrying it
+    /// (later, or on another replica) cannot run it twice. Always `RESOURCE_EXHAUSTED`.
+    pub fn is_nack(&self) -> bool {
+        self.nack
     }
 
     /// The gRPC code.
