@@ -24,7 +24,7 @@ enum Command {
     Ping(cmd::ping::Args),
     /// Forward gRPC/HTTP2 (and TLS) from the network to netless services by path.
     Gateway(cmd::gateway::Args),
-    /// Size a receive buffer from the queueing model: Erlang-C E[Nq] and 10 × E[Nq] × B.
+    /// Size a receive buffer from the queueing model: Erlang-C E\[Nq\] and 10 × E\[Nq\] × B.
     Size(cmd::size::Args),
     /// Simulate a k-worker server (single queue vs partitioned) and check it against Erlang-C.
     Sim(cmd::sim::Args),
