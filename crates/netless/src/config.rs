@@ -291,7 +291,9 @@ impl ServerConfig {
 
 /// What a client does when a call is NACKed (refused before it was sent: see
 /// [`Status::is_nack`](crate::Status::is_nack)). Other failures are never retried, since the
-/// server may have run the call.
+/// server may have run the call. Applies to blocking calls ([`Client::call`](crate::Client::call),
+/// [`Replicas::call`](crate::Replicas::call)); an async call returns the NACK at once, for the
+/// caller's own retry loop (with [`Replicas::pick`](crate::Replicas::pick) to choose again).
 ///
 /// ```
 /// use std::time::Duration;
