@@ -2,7 +2,7 @@
 //! mean queue length of an M/M/k server, and the buffer and queue-depth limits they imply.
 //!
 //! A request that waits behind a deep queue misses its SLO anyway, so a server needs room
-//! only for the requests that can still meet it: 10 × E[Nq] messages of the mean size.
+//! only for the requests that can still meet it: 10 × E\[Nq\] messages of the mean size.
 //!
 //! ```
 //! // NEBULA's worked example: 64 cores at load 63, 1 KiB messages → E[Nq] ≈ 54, ~540 KB.
@@ -14,7 +14,7 @@
 /// Slot size of the shared receive buffer the sizing counts in.
 pub const SLOT_BYTES: usize = 64;
 
-/// Queued messages provisioned per unit of E[Nq] (NEBULA: covers the 99th percentile of
+/// Queued messages provisioned per unit of E\[Nq\] (NEBULA: covers the 99th percentile of
 /// even a bimodal service-time distribution).
 pub const HEADROOM: f64 = 10.0;
 
@@ -36,7 +36,7 @@ pub fn erlang_c(k: u32, a: f64) -> f64 {
     k_f * b / (k_f - a * (1.0 - b))
 }
 
-/// Mean number of queued (waiting, not in service) requests, E[Nq] = C_k(A) · A / (k − A);
+/// Mean number of queued (waiting, not in service) requests, E\[Nq\] = C_k(A) · A / (k − A);
 /// infinite when the queue is unstable.
 pub fn mean_queue_len(k: u32, a: f64) -> f64 {
     let k_f = f64::from(k);
@@ -93,16 +93,16 @@ pub struct Sizing {
     pub load: f64,
     /// Erlang-C probability of waiting.
     pub wait_probability: f64,
-    /// E[Nq], mean requests waiting.
+    /// E\[Nq\], mean requests waiting.
     pub mean_queue: f64,
-    /// 64-byte slots: ⌈10 × E[Nq] × mean message bytes / 64⌉.
+    /// 64-byte slots: ⌈10 × E\[Nq\] × mean message bytes / 64⌉.
     pub slots: u32,
     /// `slots × 64`.
     pub buffer_bytes: usize,
 }
 
 /// Sizes a receive buffer for `k` workers at offered load `a` with messages of
-/// `mean_msg_bytes` on average: 10 × E[Nq] × B, rounded up to whole slots (at least one
+/// `mean_msg_bytes` on average: 10 × E\[Nq\] × B, rounded up to whole slots (at least one
 /// message). `a` must be below `k` (a stable queue); it is clamped just under it otherwise.
 pub fn size_buffer(k: u32, a: f64, mean_msg_bytes: usize) -> Sizing {
     let k = k.max(1);
@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn mean_queue_mm1() {
-        // M/M/1: E[Nq] = ρ² / (1 − ρ).
+        // M/M/1: E\[Nq\] = ρ² / (1 − ρ).
         let rho: f64 = 0.9;
         assert!((mean_queue_len(1, rho) - rho * rho / (1.0 - rho)).abs() < 1e-9);
         assert!(mean_queue_len(3, 3.0).is_infinite());
@@ -146,7 +146,7 @@ mod tests {
 
     #[test]
     fn nebula_worked_example() {
-        // §IV-C: "for a 64-core CPU at an extreme load of A = 63, E[Nq] = 54"; §V-C: 540 KB.
+        // §IV-C: "for a 64-core CPU at an extreme load of A = 63, E\[Nq\] = 54"; §V-C: 540 KB.
         let s = size_buffer(64, 63.0, 1024);
         assert!((s.mean_queue - 54.0).abs() / 54.0 < 0.02, "{s:?}");
         let kb = s.buffer_bytes as f64 / 1024.0;
