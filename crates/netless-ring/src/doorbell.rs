@@ -247,6 +247,19 @@ pub fn wait<T>(
     policy: &WaitPolicy,
     deadline: Option<Instant>,
     max_sleep: Duration,
+    poll: impl FnMut() -> Option<T>,
+) -> Result<T, TimedOut> {
+    wait_counted(words, policy, deadline, max_sleep, &mut 0, poll)
+}
+
+/// [`wait`], adding to `sleeps` each time it went to sleep on the futex (for stats: each is
+/// a wake-up the waker paid a system call for, or a timed-out sleep).
+pub fn wait_counted<T>(
+    words: &DoorbellWords,
+    policy: &WaitPolicy,
+    deadline: Option<Instant>,
+    max_sleep: Duration,
+    sleeps: &mut u64,
     mut poll: impl FnMut() -> Option<T>,
 ) -> Result<T, TimedOut> {
     if let Some(value) = poll() {
@@ -273,6 +286,7 @@ pub fn wait<T>(
         if let Some(value) = poll() {
             return Ok(value);
         }
+        *sleeps += 1;
         let outcome = sleeper.sleep(timeout);
         if let Some(value) = poll() {
             return Ok(value);

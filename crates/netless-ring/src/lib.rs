@@ -23,8 +23,8 @@ pub mod spsc;
 pub mod sync;
 
 pub use doorbell::{
-    ring, ring_all, wait, DoorbellWords, ParseWaitModeError, SleepOutcome, Sleeper, TimedOut,
-    WaitMode, WaitPolicy,
+    ring, ring_all, wait, wait_counted, DoorbellWords, ParseWaitModeError, SleepOutcome, Sleeper,
+    TimedOut, WaitMode, WaitPolicy,
 };
 pub use layout::LayoutError;
 pub use receive_queue::{ConsumerHead, Dequeue, EnqueueError, ReceiveQueue};

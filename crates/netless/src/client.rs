@@ -359,6 +359,12 @@ impl Client {
         self.handle.shared.dead.load(Ordering::Acquire)
     }
 
+    /// The server's live counters and registers, read from the replica segment this client
+    /// maps (no message is sent).
+    pub fn replica_stats(&self) -> crate::control::ReplicaStats {
+        crate::control::snapshot(&self.handle.shared.replica)
+    }
+
     /// Requests queued at the server ahead of a new call from this connection, as the
     /// server last published it in shared memory (a hint, for load balancing).
     pub fn queue_depth(&self) -> u64 {

@@ -14,6 +14,7 @@
 //! c_off    queue lines      per queue, two lines: its workers' doorbell (sleep counter +
 //!                           futex word) and its consumer position as the server publishes it
 //! q_off    ReceiveQueues    nqueues MPSC queues of u32 block indexes (netless-ring), q_stride apart
+//! w_off    WorkerStats      one per worker, written only by that worker: counters, histograms
 //! t_off    block table      one AtomicU32 per 64-byte slot (block): FREE or OWNED(tag)
 //! s_off    blocks           nblocks × block_size bytes, nparts partitions of part_blocks;
 //!                           a request occupies a run of blocks inside its partition
@@ -64,7 +65,13 @@ pub struct ReplicaHeader {
     pub queue_stride: u64,
     /// Where the per-queue lines start (two lines per queue: doorbell, published head).
     pub qctl_offset: u64,
-    pub reserved: [u64; 4],
+    /// Where the workers' [`WorkerStats`] start.
+    pub stats_offset: u64,
+    /// Number of [`WorkerStats`] (one per worker).
+    pub stats_count: u32,
+    /// Bytes from one [`WorkerStats`] to the next.
+    pub stats_stride: u32,
+    pub reserved: [u64; 2],
 }
 const _: () = assert!(std::mem::size_of::<ReplicaHeader>() == 128);
 
@@ -87,14 +94,111 @@ pub const FIXED_END: usize = 256;
 /// Bytes of per-queue lines per queue.
 pub const QUEUE_LINES: usize = 128;
 
-/// Written by the server, read by clients (all values are hints a client may act on, never
-/// trust for memory safety).
+/// Written by the server, read by clients and tools: the replica's soft registers (set with
+/// `netless ctl`, they take effect while it runs) and a few live values. All are hints a
+/// client may act on, never trust for memory safety.
 #[repr(C, align(64))]
 pub struct ServerControl {
     /// Most queued requests a new one may join (its SLO); 0: no limit.
     pub depth_limit: AtomicU32,
     /// Live connections.
     pub connections: AtomicU32,
+    /// Workers' spin budget before sleeping (adaptive wait), nanoseconds.
+    pub spin_ns: AtomicU64,
+    /// Workers' wait mode: one of [`wait_mode`].
+    pub wait_mode: AtomicU32,
+    /// Clients' request batching: one of [`batch_mode`].
+    pub batch_mode: AtomicU32,
+    /// Most requests per batch (1: no batching).
+    pub batch_max: AtomicU32,
+    /// Most connections the server admits (≤ its configured slots).
+    pub max_connections: AtomicU32,
+    /// The latency objective in nanoseconds (0: none).
+    pub slo_ns: AtomicU64,
+    /// Bumped by every change of a register.
+    pub generation: AtomicU32,
+}
+const _: () = assert!(std::mem::size_of::<ServerControl>() == 64);
+
+/// Values of [`ServerControl::wait_mode`].
+pub mod wait_mode {
+    pub const SPIN: u32 = 0;
+    pub const FUTEX: u32 = 1;
+    pub const ADAPTIVE: u32 = 2;
+}
+
+/// Values of [`ServerControl::batch_mode`].
+pub mod batch_mode {
+    /// Batches of exactly `batch_max` (or what is pending at a flush).
+    pub const FIXED: u32 = 0;
+    /// Grow the batch to `batch_max` under load, shrink it to 1 when idle.
+    pub const ADAPTIVE: u32 = 1;
+}
+
+/// Buckets of [`WorkerStats::batch`]: requests per queue entry 1, 2, 3–4, 5–8, …, 129+.
+pub const BATCH_BUCKETS: usize = 9;
+/// Buckets of [`WorkerStats::latency`]: log-linear, 4 per power of two of nanoseconds.
+pub const LATENCY_BUCKETS: usize = 160;
+
+/// One worker's counters, in shared memory so `netless stat` reads them live. Written only by
+/// that worker, with plain (load + store) updates, so counting costs no locked instruction;
+/// readers never write.
+#[repr(C, align(64))]
+pub struct WorkerStats {
+    /// Requests answered.
+    pub calls: AtomicU64,
+    /// Requests answered with a status other than OK.
+    pub errors: AtomicU64,
+    /// Request bytes (method, metadata and payload) received.
+    pub bytes_in: AtomicU64,
+    /// Response bytes (metadata and payload) sent.
+    pub bytes_out: AtomicU64,
+    /// Times the worker went to sleep on its doorbell (each costs a wake-up).
+    pub sleeps: AtomicU64,
+    /// Queue entries taken (a batch is one entry).
+    pub entries: AtomicU64,
+    /// Requests answered, by gRPC status code (0..=16).
+    pub by_code: [AtomicU64; 17],
+    /// Requests per queue entry: [`BATCH_BUCKETS`] log2 buckets.
+    pub batch: [AtomicU64; BATCH_BUCKETS],
+    /// Time from taking a request to having sent its response, sampled: see
+    /// [`latency_bucket`].
+    pub latency: [AtomicU64; LATENCY_BUCKETS],
+}
+
+/// The [`WorkerStats::latency`] bucket of `ns` nanoseconds: 4 per power of two.
+pub fn latency_bucket(ns: u64) -> usize {
+    if ns < 4 {
+        return ns as usize;
+    }
+    let octave = 63 - ns.leading_zeros() as usize; // ≥ 2
+    let sub = ((ns >> (octave - 2)) & 3) as usize;
+    (octave * 4 + sub - 4).min(LATENCY_BUCKETS - 1)
+}
+
+/// The smallest value of bucket `b` (inverse of [`latency_bucket`]).
+pub fn latency_bucket_floor(b: usize) -> u64 {
+    if b < 4 {
+        return b as u64;
+    }
+    let octave = (b + 4) / 4;
+    let sub = ((b + 4) % 4) as u64;
+    (1u64 << octave) + (sub << (octave - 2))
+}
+
+/// The [`WorkerStats::batch`] bucket of a batch of `n` requests.
+pub fn batch_bucket(n: u32) -> usize {
+    (32 - n.max(1).saturating_sub(1).leading_zeros() as usize).min(BATCH_BUCKETS - 1)
+}
+
+/// Adds `n` to a counter only this thread writes: a load and a store, no locked instruction.
+pub fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(
+        counter
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .wrapping_add(n),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// A queue's consumer position as the server publishes it after each dequeue, on its own
@@ -383,6 +487,23 @@ mod tests {
             ..Default::default()
         };
         assert!(h.validate_shape(100, 100).is_err());
+    }
+
+    #[test]
+    fn histogram_buckets() {
+        for ns in [0u64, 1, 3, 4, 5, 7, 8, 100, 1000, 12345, 1 << 30] {
+            let b = latency_bucket(ns);
+            assert!(latency_bucket_floor(b) <= ns, "{ns} -> {b}");
+            assert!(
+                b + 1 == LATENCY_BUCKETS || latency_bucket_floor(b + 1) > ns,
+                "{ns}"
+            );
+        }
+        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        assert_eq!(
+            [1, 2, 3, 4, 5, 8, 9, 16, 17, 1000].map(batch_bucket),
+            [0, 1, 2, 2, 3, 3, 4, 4, 5, 8]
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ mod blocks;
 mod call;
 mod client;
 mod config;
+pub mod control;
 #[cfg(test)]
 mod decode_props;
 #[cfg(feature = "fault-injection")]
@@ -49,6 +50,7 @@ pub use config::{
     ClientConfig, Dispatch, Provisioning, RetryPolicy, ServerConfig, Slo, DEFAULT_BUFFER_BYTES,
     DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_MESSAGE, DEFAULT_REF_THRESHOLD,
 };
+pub use control::ReplicaStats;
 pub use metadata::{Metadata, MAX_KEY_LEN};
 pub use netless_pool;
 pub use netless_ring::{WaitMode, WaitPolicy};

@@ -15,8 +15,8 @@ use netless_shm::Segment;
 
 use crate::layout::{
     align64, atomic_u32_slice, provisioning, ClientControl, ConnHeader, QueueHead, ReplicaHeader,
-    ServerControl, CLIENT_CONTROL_OFFSET, CONN_MAGIC, DOORBELL_OFFSET, FIXED_END, LAYOUT_VERSION,
-    QUEUE_LINES, REPLICA_MAGIC, SERVER_CONTROL_OFFSET,
+    ServerControl, WorkerStats, CLIENT_CONTROL_OFFSET, CONN_MAGIC, DOORBELL_OFFSET, FIXED_END,
+    LAYOUT_VERSION, QUEUE_LINES, REPLICA_MAGIC, SERVER_CONTROL_OFFSET,
 };
 use crate::status::Status;
 use crate::sync::AtomicU32;
@@ -41,6 +41,8 @@ pub(crate) struct ReplicaSpec {
     pub nparts: u32,
     pub part_blocks: u32,
     pub nqueues: u32,
+    /// Workers: one [`WorkerStats`] each.
+    pub workers: u32,
     pub max_message: u32,
     pub max_connections: u32,
 }
@@ -58,6 +60,7 @@ pub(crate) struct ReplicaSegment {
     queues: Box<[QueueView]>,
     server_control: &'static ServerControl,
     client_control: &'static ClientControl,
+    stats: &'static [WorkerStats],
     table: &'static [AtomicU32],
     blocks: NonNull<u8>,
     // Declared last: the views above borrow its mapping, which must outlive them.
@@ -83,7 +86,9 @@ impl ReplicaSegment {
         let qctl_offset = FIXED_END;
         let queue_offset = align64(qctl_offset + spec.nqueues as usize * QUEUE_LINES);
         let queue_stride = align64(ReceiveQueue::bytes_needed(queue_capacity));
-        let table_offset = queue_offset + spec.nqueues as usize * queue_stride;
+        let stats_offset = queue_offset + spec.nqueues as usize * queue_stride;
+        let stats_stride = std::mem::size_of::<WorkerStats>();
+        let table_offset = stats_offset + spec.workers as usize * stats_stride;
         let blocks_offset = (table_offset + nblocks as usize * 4)
             .next_multiple_of(spec.block_size.clamp(64, 4096) as usize);
         let total_len = blocks_offset + nblocks as usize * spec.block_size as usize;
@@ -110,7 +115,10 @@ impl ReplicaSegment {
             nqueues: spec.nqueues,
             queue_stride: queue_stride as u64,
             qctl_offset: qctl_offset as u64,
-            reserved: [0; 4],
+            stats_offset: stats_offset as u64,
+            stats_count: spec.workers,
+            stats_stride: stats_stride as u32,
+            reserved: [0; 2],
         };
         let segment =
             Segment::create(&format!("netless-replica-{service}"), total_len).map_err(|e| {
@@ -172,6 +180,8 @@ impl ReplicaSegment {
             || g.part_blocks == 0
             || g.nparts.checked_mul(g.part_blocks) != Some(g.nblocks)
             || !(1..=MAX_QUEUES).contains(&g.nqueues)
+            || !(1..=MAX_QUEUES).contains(&g.stats_count)
+            || g.stats_stride as usize != std::mem::size_of::<WorkerStats>()
         {
             return bad("counts");
         }
@@ -186,6 +196,9 @@ impl ReplicaSegment {
         let qctl_end = g
             .qctl_offset
             .checked_add(u64::from(g.nqueues) * QUEUE_LINES as u64);
+        let stats_end = g
+            .stats_offset
+            .checked_add(u64::from(g.stats_count) * u64::from(g.stats_stride));
         let t_end = g.table_offset.checked_add(u64::from(g.nblocks) * 4);
         let b_end = g
             .blocks_offset
@@ -198,7 +211,9 @@ impl ReplicaSegment {
             && g.table_offset.is_multiple_of(64)
             && g.blocks_offset.is_multiple_of(64)
             && qctl_end.is_some_and(|e| e <= g.queue_offset)
-            && queues_end.is_some_and(|e| e <= g.table_offset)
+            && g.stats_offset.is_multiple_of(64)
+            && queues_end.is_some_and(|e| e <= g.stats_offset)
+            && stats_end.is_some_and(|e| e <= g.table_offset)
             && t_end.is_some_and(|e| e <= g.blocks_offset)
             && b_end.is_some_and(|e| e <= len);
         if !ordered {
@@ -264,6 +279,14 @@ impl ReplicaSegment {
                 &*(base.add(CLIENT_CONTROL_OFFSET) as *const ClientControl),
             )
         };
+        // SAFETY: the stats region holds stats_count WorkerStats (64-byte aligned, stride equal
+        // to their size) inside the mapping (caller's contract); they are atomics only.
+        let stats = unsafe {
+            std::slice::from_raw_parts(
+                base.add(geometry.stats_offset as usize) as *const WorkerStats,
+                geometry.stats_count as usize,
+            )
+        };
         // SAFETY: the table region holds nblocks u32s inside the mapping (caller's contract).
         let table = unsafe {
             atomic_u32_slice(
@@ -278,6 +301,7 @@ impl ReplicaSegment {
             queues,
             server_control,
             client_control,
+            stats,
             table,
             blocks,
             segment,
@@ -303,6 +327,10 @@ impl ReplicaSegment {
     }
     pub(crate) fn table(&self) -> &[AtomicU32] {
         self.table
+    }
+    /// The workers' counters.
+    pub(crate) fn stats(&self) -> &[WorkerStats] {
+        self.stats
     }
     /// The blocks a connection may allocate from: its partition's range.
     pub(crate) fn partition_for(&self, conn_index: u32) -> std::ops::Range<u32> {

@@ -28,8 +28,8 @@ use crate::call::{Request, ResponseBuilder};
 use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    block_state, conn_tag, kind, provisioning, wire_flags, ResponseHeader, WireHeader, HEADER_LEN,
-    RESPONSE_HEADER_LEN,
+    batch_bucket, block_state, bump, conn_tag, kind, latency_bucket, provisioning, wire_flags,
+    ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
@@ -156,10 +156,12 @@ struct WorkerSlot {
     /// `IDLE`, `BUSY` (between taking a queue entry and knowing its connection), or the tag
     /// of the connection whose request it is serving.
     serving: AtomicU32,
+    /// This worker's number (its `WorkerStats` in the replica segment).
+    index: usize,
     /// `BUSY` while the worker holds a second, prefetched queue entry (`Dispatch::Jbsq2`).
     held: AtomicU32,
-    requests: AtomicU64,
-    errors: AtomicU64,
+    /// Requests measured into `busy_ns`.
+    measured: AtomicU64,
     /// Nanoseconds spent serving requests (measured only for an SLO without a declared
     /// service time).
     busy_ns: AtomicU64,
@@ -167,12 +169,6 @@ struct WorkerSlot {
 
 const IDLE: u32 = 0;
 const BUSY: u32 = u32::MAX;
-
-impl WorkerSlot {
-    fn count(counter: &AtomicU64) {
-        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
-}
 
 struct ConnSlot {
     /// The live connection's tag, or 0.
@@ -285,6 +281,7 @@ impl Server {
                 nparts: config.partitions(),
                 part_blocks,
                 nqueues: config.queues(),
+                workers: config.workers as u32,
                 max_message: config.max_message as u32,
                 max_connections: config.max_connections,
             },
@@ -295,6 +292,7 @@ impl Server {
                 .depth_limit
                 .store(limit, Ordering::Relaxed);
         }
+        crate::control::init(replica.server_control(), &config);
         let listener = UnixListener::bind(&socket_path).map_err(|e| {
             Status::unavailable(format!("cannot bind {}: {e}", socket_path.display()))
         })?;
@@ -315,7 +313,12 @@ impl Server {
                 .collect(),
             handler: Box::new(handler),
             stopping: AtomicBool::new(false),
-            workers: (0..config.workers).map(|_| WorkerSlot::default()).collect(),
+            workers: (0..config.workers)
+                .map(|index| WorkerSlot {
+                    index,
+                    ..WorkerSlot::default()
+                })
+                .collect(),
             dropped: AtomicU64::new(0),
             violations: AtomicU64::new(0),
             connections: AtomicU32::new(0),
@@ -375,13 +378,15 @@ impl Server {
             connections: self.shared.connections.load(Ordering::Relaxed),
             requests: self
                 .shared
-                .workers
+                .replica
+                .stats()
                 .iter()
-                .map(|w| w.requests.load(Ordering::Relaxed))
+                .map(|w| w.calls.load(Ordering::Relaxed))
                 .sum(),
             errors: self
                 .shared
-                .workers
+                .replica
+                .stats()
                 .iter()
                 .map(|w| w.errors.load(Ordering::Relaxed))
                 .sum(),
@@ -637,6 +642,17 @@ impl ServerShared {
             Ok(s) => s,
             Err(e) => return reject(Status::invalid_argument(e)),
         };
+        let limit = self
+            .replica
+            .server_control()
+            .max_connections
+            .load(Ordering::Relaxed);
+        if self.connections.load(Ordering::Relaxed) >= limit {
+            return reject(Status::resource_exhausted(format!(
+                "service `{}` admits at most {limit} connections now (its max_connections register)",
+                self.service
+            )));
+        }
         let Some(index) = self.slots.iter().position(|s| {
             s.tag.load(Ordering::Acquire) == 0
                 && s.conn.read().map(|c| c.is_none()).unwrap_or(false)
@@ -787,7 +803,7 @@ impl ServerShared {
         }
         let (n, ns) = self.workers.iter().fold((0u64, 0u64), |(n, ns), w| {
             (
-                n + w.requests.load(Ordering::Relaxed),
+                n + w.measured.load(Ordering::Relaxed),
                 ns + w.busy_ns.load(Ordering::Relaxed),
             )
         });
@@ -811,7 +827,10 @@ impl ServerShared {
         let single = self.workers.len() / self.heads.len() == 1;
         let jbsq2 = self.config.dispatch == Dispatch::Jbsq2;
         let measure = self.config.slo.is_some_and(|s| s.mean_service.is_none());
-        let futex_only = self.config.wait.mode == netless_ring::WaitMode::Futex;
+        let stats = &self.replica.stats()[worker];
+        let control = self.replica.server_control();
+        let mut sleeps = 0u64;
+        let mut served = 0u64;
         let mut polls = 0u32;
         // Jbsq2: a second entry taken (and its payload prefetched) while serving the first.
         let mut next: Option<u32> = None;
@@ -867,11 +886,17 @@ impl ServerShared {
                     Some(block)
                 }
                 None => {
-                    let item = netless_ring::wait(
+                    // The soft registers, read on every wait: `netless ctl` changes apply at
+                    // once.
+                    let wait = crate::control::wait_policy(control);
+                    let futex_only = wait.mode == netless_ring::WaitMode::Futex;
+                    let before = sleeps;
+                    let item = netless_ring::wait_counted(
                         view.doorbell,
-                        &self.config.wait,
+                        &wait,
                         None,
                         Duration::from_millis(100),
+                        &mut sleeps,
                         || {
                             polls = polls.wrapping_add(1);
                             if self.stopping.load(Ordering::Acquire) {
@@ -883,6 +908,9 @@ impl ServerShared {
                             take(futex_only || polls.is_multiple_of(256), false)
                         },
                     );
+                    if sleeps != before {
+                        bump(&stats.sleeps, sleeps - before);
+                    }
                     item.ok().flatten()
                 }
             };
@@ -896,12 +924,19 @@ impl ServerShared {
                     }
                 }
             }
-            let started = measure.then(Instant::now);
+            bump(&stats.entries, 1);
+            bump(&stats.batch[batch_bucket(1)], 1);
+            // Latency is sampled (every 16th request) unless the SLO needs every one.
+            served += 1;
+            let started = (measure || served.is_multiple_of(16)).then(Instant::now);
             self.serve(block, me, &mut cache, &mut response);
             if let Some(t) = started {
                 let ns = t.elapsed().as_nanos() as u64;
-                me.busy_ns
-                    .store(me.busy_ns.load(Ordering::Relaxed) + ns, Ordering::Relaxed);
+                bump(&stats.latency[latency_bucket(ns)], 1);
+                if measure {
+                    bump(&me.busy_ns, ns);
+                    bump(&me.measured, 1);
+                }
             }
             me.serving.store(IDLE, Ordering::Release);
         }
@@ -1128,6 +1163,8 @@ impl ServerShared {
             Err(Status::deadline_exceeded(
                 "deadline expired before the server started the call",
             ))
+        } else if let Some(op) = method.strip_prefix(crate::control::PREFIX) {
+            self.control_call(op, payload, &mut builder)
         } else {
             // Take the response ring's next lines while the handler runs (a guess: a reply
             // about as long as the request).
@@ -1150,13 +1187,23 @@ impl ServerShared {
                 )))
             })
         };
-        WorkerSlot::count(&me.requests);
+        let stats = &self.replica.stats()[me.index];
+        bump(&stats.calls, 1);
+        bump(&stats.bytes_in, u64::from(h.body_len));
+        let code = match &result {
+            Ok(()) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        bump(&stats.by_code[code as usize % 17], 1);
         let sent = match result {
             // The handle sends the reply (or its drop sends an error).
             _ if builder.is_deferred() => Ok(()),
-            Ok(()) => self.respond(conn, h.call_id, Code::Ok, &builder.metadata, builder.body()),
+            Ok(()) => {
+                bump(&stats.bytes_out, builder.body().len() as u64);
+                self.respond(conn, h.call_id, Code::Ok, &builder.metadata, builder.body())
+            }
             Err(status) => {
-                WorkerSlot::count(&me.errors);
+                bump(&stats.errors, 1);
                 self.respond(
                     conn,
                     h.call_id,
@@ -1182,6 +1229,49 @@ impl ServerShared {
         response.method = method.into_bytes();
         sent.inspect_err(|why| {
             tracing::debug!("dropping connection {}: {why}", conn.index);
+        })
+    }
+
+    /// Answers the runtime's own `netless.ctl/` methods (soft registers).
+    fn control_call(
+        &self,
+        op: &str,
+        payload: &[u8],
+        builder: &mut ResponseBuilder<'_>,
+    ) -> Result<(), Status> {
+        let ctrl = self.replica.server_control();
+        let answer = match op {
+            "Get" => crate::control::get(ctrl),
+            "Set" => crate::control::set(ctrl, &self.config, payload, self.service_time())?,
+            _ => {
+                return Err(Status::unimplemented(format!(
+                    "no control method `{op}`: use Get or Set"
+                )))
+            }
+        };
+        builder.payload.extend_from_slice(answer.as_bytes());
+        Ok(())
+    }
+
+    /// The mean service time: declared in the SLO, else measured, else estimated from the
+    /// sampled latency histogram (at least 64 samples).
+    fn service_time(&self) -> Option<Duration> {
+        if let Some(s) = self.config.slo.and_then(|s| s.mean_service) {
+            return Some(s);
+        }
+        if let Some(s) = self.measured_service() {
+            return Some(s);
+        }
+        let stats = crate::control::snapshot(&self.replica);
+        let n: u64 = stats.latency.iter().sum();
+        (n >= 64).then(|| {
+            let sum: u64 = stats
+                .latency
+                .iter()
+                .enumerate()
+                .map(|(b, c)| c.saturating_mul(crate::layout::latency_bucket_floor(b)))
+                .sum();
+            Duration::from_nanos(sum / n)
         })
     }
 
