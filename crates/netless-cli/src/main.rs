@@ -28,6 +28,10 @@ enum Command {
     Size(cmd::size::Args),
     /// Simulate a k-worker server (single queue vs partitioned) and check it against Erlang-C.
     Sim(cmd::sim::Args),
+    /// Show replicas' live counters, refreshing like top (or one JSON snapshot with --json).
+    Stat(cmd::stat::Args),
+    /// Read or set a replica's soft registers while it runs.
+    Ctl(cmd::ctl::Args),
     /// Run a benchmark and print its table (and JSON with --json).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -105,6 +109,8 @@ fn main() -> ExitCode {
         Command::Ping(args) => cmd::ping::run(args),
         Command::Gateway(args) => cmd::gateway::run(args),
         Command::Size(args) => cmd::size::run(args),
+        Command::Stat(args) => cmd::stat::run(args),
+        Command::Ctl(args) => cmd::ctl::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Bench(BenchCommand::Kvs(args)) => bench::kvs::run(args),
         Command::BenchPeer(PeerCommand::Kvs(args)) => {
