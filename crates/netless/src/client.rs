@@ -127,20 +127,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Shared {
     /// The page-pool domain shared with the server, if any: large payloads go as Refs.
     pool: Option<netless_pool::Domain>,
-    service: String,
+    pub(crate) service: String,
     dir: PathBuf,
-    config: ClientConfig,
-    replica: ReplicaSegment,
-    conn: ConnSegment,
-    conn_index: u32,
-    token: u64,
-    server_max_message: usize,
-    fragment_body: usize,
-    lease: BlockLease,
+    pub(crate) config: ClientConfig,
+    pub(crate) replica: ReplicaSegment,
+    pub(crate) conn: ConnSegment,
+    pub(crate) conn_index: u32,
+    pub(crate) token: u64,
+    pub(crate) server_max_message: usize,
+    pub(crate) fragment_body: usize,
+    pub(crate) lease: BlockLease,
     slots: Box<[CallSlot]>,
     free: Box<[AtomicU64]>,
-    consumer: SpinLock<Consumer<'static>>,
-    dead: AtomicBool,
+    pub(crate) consumer: SpinLock<Consumer<'static>>,
+    pub(crate) dead: AtomicBool,
     death: Mutex<Option<Status>>,
     parked: AtomicU32,
     async_waiters: AtomicU32,
@@ -517,7 +517,6 @@ impl Client {
         }
     }
 
-    #[cfg(feature = "fault-injection")]
     pub(crate) fn shared(&self) -> &Shared {
         &self.handle.shared
     }
@@ -567,7 +566,7 @@ impl Shared {
         })
     }
 
-    fn death_status(&self) -> Status {
+    pub(crate) fn death_status(&self) -> Status {
         lock(&self.death).clone().unwrap_or_else(|| {
             Status::unavailable(format!(
                 "connection to service `{}` is closed",
@@ -904,14 +903,14 @@ impl Shared {
     }
 
     /// The buffer's shared allocation head, if connections share the partition's head.
-    fn shared_head(&self) -> Option<&AtomicU32> {
+    pub(crate) fn shared_head(&self) -> Option<&AtomicU32> {
         (self.replica.geometry().provisioning == provisioning::SHARED)
             .then(|| &self.replica.client_control().alloc_head)
     }
 
     /// Fails fast, before anything is written, if more requests are queued ahead than the
     /// server's SLO allows (NEBULA's NACK: such a request would miss its SLO anyway).
-    fn check_depth(&self, queue: &QueueView) -> Result<(), Status> {
+    pub(crate) fn check_depth(&self, queue: &QueueView) -> Result<(), Status> {
         let limit = self
             .replica
             .server_control()
@@ -934,7 +933,7 @@ impl Shared {
     }
 
     /// A NACK: counted in the replica's shared stats, returned as `RESOURCE_EXHAUSTED`.
-    fn nack(&self, message: String) -> Status {
+    pub(crate) fn nack(&self, message: String) -> Status {
         self.replica
             .client_control()
             .nacks

@@ -243,6 +243,10 @@ pub mod wire_flags {
     /// The payload is a 32-byte `netless_pool::Ref` to the real payload in the domain's page
     /// pool (pass by reference); only on connections whose two sides share a domain.
     pub const PAYLOAD_REF: u32 = 1;
+    /// Another whole request of the same connection follows in the same run, its header at
+    /// the first 64-byte boundary after this request's body (a batch: one queue entry for
+    /// several requests).
+    pub const BATCH_MORE: u32 = 2;
 }
 
 /// The 64-byte header in front of every message.

@@ -28,8 +28,8 @@ use crate::call::{Request, ResponseBuilder};
 use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    batch_bucket, block_state, bump, conn_tag, kind, latency_bucket, provisioning, wire_flags,
-    ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+    align64, batch_bucket, block_state, bump, conn_tag, kind, latency_bucket, provisioning,
+    wire_flags, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
@@ -201,6 +201,8 @@ struct Scratch {
     metadata: Metadata,
     payload: Vec<u8>,
     method: Vec<u8>,
+    /// Requests in the queue entry just served (a batch holds several).
+    batch: u32,
 }
 
 /// A fragmented request being reassembled.
@@ -925,11 +927,12 @@ impl ServerShared {
                 }
             }
             bump(&stats.entries, 1);
-            bump(&stats.batch[batch_bucket(1)], 1);
             // Latency is sampled (every 16th request) unless the SLO needs every one.
             served += 1;
             let started = (measure || served.is_multiple_of(16)).then(Instant::now);
+            response.batch = 1;
             self.serve(block, me, &mut cache, &mut response);
+            bump(&stats.batch[batch_bucket(response.batch)], 1);
             if let Some(t) = started {
                 let ns = t.elapsed().as_nanos() as u64;
                 bump(&stats.latency[latency_bucket(ns)], 1);
@@ -1039,6 +1042,12 @@ impl ServerShared {
                 w.store(block_state::FREE, Ordering::Release);
             }
         };
+        if h.reserved[0] & wire_flags::BATCH_MORE != 0 {
+            let run_len = h.nblocks as usize * replica.block_size();
+            let served = self.serve_batch(conn, run, run_len, *h, me, response);
+            release();
+            return served;
+        }
         if h.frag_len == h.body_len {
             return self.dispatch(conn, h, fragment, me, response, release);
         }
@@ -1088,6 +1097,51 @@ impl ServerShared {
             Some(body) => self.dispatch(conn, h, &body, me, response, || {}),
             None => Ok(()),
         }
+    }
+
+    /// Serves a batch: requests back to back in one run, each header at the 64-byte boundary
+    /// after the previous body, each whole and from this connection, `BATCH_MORE` on all but
+    /// the last. The caller frees the run afterwards.
+    fn serve_batch(
+        &self,
+        conn: &Conn,
+        run: *mut u8,
+        run_len: usize,
+        first: WireHeader,
+        me: &WorkerSlot,
+        response: &mut Scratch,
+    ) -> Result<(), &'static str> {
+        let mut h = first;
+        let mut offset = 0usize;
+        let mut count = 0u32;
+        loop {
+            if h.kind != kind::REQUEST || h.token != conn.token || h.conn_index != conn.index {
+                return Err("a batched request is not this connection's");
+            }
+            if h.frag_len != h.body_len || h.frag_offset != 0 {
+                return Err("a batched request is a fragment");
+            }
+            h.validate_shape(self.config.max_message, run_len - offset - HEADER_LEN)?;
+            // SAFETY: offset + HEADER_LEN + frag_len <= run_len (validate_shape against the
+            // room left), and the run lies inside the mapping.
+            let fragment = unsafe {
+                std::slice::from_raw_parts(run.add(offset + HEADER_LEN), h.frag_len as usize)
+            };
+            self.dispatch(conn, &h, fragment, me, response, || {})?;
+            count += 1;
+            if h.reserved[0] & wire_flags::BATCH_MORE == 0 {
+                break;
+            }
+            offset = align64(offset + HEADER_LEN + h.frag_len as usize);
+            if offset + HEADER_LEN > run_len {
+                return Err("a batch runs past its blocks");
+            }
+            // SAFETY: offset + HEADER_LEN <= run_len: a whole header inside the run.
+            h = unsafe { WireHeader::read_from(run.add(offset)) };
+            prefetch_read_range(run.wrapping_add(offset), 2 * 64, 2);
+        }
+        response.batch = count;
+        Ok(())
     }
 
     /// Runs the handler on a whole request body, calls `done_with_body` once nothing reads the

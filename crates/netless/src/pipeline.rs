@@ -1,0 +1,480 @@
+//! Pipelined calls on one connection from one thread, without tokio (Dagger §3.2–3.4):
+//! `submit` many, `poll` for whichever replies have come, matched by call id in any order.
+//!
+//! Requests are batched: consecutive submits are written back to back into one run of the
+//! replica's receive buffer and published with one queue entry and one doorbell check (the
+//! server answers each separately). How many go in a batch is the replica's soft register
+//! (`netless ctl SERVICE set batch=N batch_mode=fixed|adaptive`), read on every submit:
+//!
+//! - `fixed`: a batch is published when it holds `batch` requests (or on `flush`/`wait`);
+//! - `adaptive` (default): a batch is published as soon as the server has taken everything
+//!   published before it, else it grows up to `batch`. An idle server therefore gets every
+//!   request at once (the latency of no batching), a busy one gets what piled up while it
+//!   worked (the throughput of batching), like Nagle's algorithm clocked by the consumer.
+//!
+//! ```no_run
+//! let mut pipe = netless::Pipeline::connect("demo.Echo", netless::ClientConfig::default())?;
+//! for i in 0..100u32 {
+//!     pipe.submit("Echo", &i.to_le_bytes())?;
+//! }
+//! let mut replies = 0;
+//! while replies < 100 {
+//!     pipe.wait(None)?;
+//!     replies += pipe.poll(|_id, reply| assert!(reply.is_ok()))?;
+//! }
+//! # Ok::<(), netless::Status>(())
+//! ```
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use netless_ring::EnqueueError;
+
+use crate::client::{Client, Shared};
+use crate::config::ClientConfig;
+use crate::layout::{
+    align64, batch_mode, kind, wire_flags, ResponseHeader, WireHeader, HEADER_LEN,
+    RESPONSE_HEADER_LEN,
+};
+use crate::metadata::Metadata;
+use crate::status::{Code, Status};
+use crate::sync::Ordering;
+
+/// Set in a slot whose call is in flight.
+const BUSY: u32 = 1 << 31;
+
+/// A batch being written: a claimed run, `used` bytes of it filled.
+struct Staged {
+    start: u32,
+    blocks: u32,
+    used: usize,
+    count: u32,
+    /// Offset of the last request's header in the run (to set its `BATCH_MORE`).
+    last: usize,
+}
+
+/// A connection of its own for pipelined calls from one thread: see the module docs.
+pub struct Pipeline {
+    client: Client,
+    /// Per call slot: the generation of its last call, with [`BUSY`] set while it is in
+    /// flight (a reply is accepted only for a busy slot of its generation).
+    slots: Vec<u32>,
+    free: Vec<u32>,
+    staged: Option<Staged>,
+    /// Requests staged or published and not yet answered.
+    in_flight: u32,
+    /// Calls that failed after they were accepted (a batch the queue refused), reported at
+    /// the next `poll`.
+    failed: Vec<(u64, Status)>,
+    /// Responses arriving in fragments, by call id.
+    partial: HashMap<u64, Vec<u8>>,
+    /// Largest request a batch slot takes (one run of the buffer).
+    max_run_bytes: usize,
+    /// Batches published, and requests in them.
+    batches: u64,
+    batched: u64,
+}
+
+impl Pipeline {
+    /// Opens a dedicated connection to `service` for pipelined calls; `config.max_in_flight`
+    /// bounds the calls outstanding at once.
+    pub fn connect(service: &str, config: ClientConfig) -> Result<Pipeline, Status> {
+        let n = config.max_in_flight;
+        let client = Client::connect_with(service, config)?;
+        let max_run_bytes = client.shared().fragment_body + HEADER_LEN;
+        Ok(Pipeline {
+            client,
+            slots: vec![0; n as usize],
+            free: (0..n).rev().collect(),
+            staged: None,
+            in_flight: 0,
+            failed: Vec::new(),
+            partial: HashMap::new(),
+            max_run_bytes,
+            batches: 0,
+            batched: 0,
+        })
+    }
+
+    /// Calls submitted and not yet answered.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Batches published so far, and the requests they held (their ratio is the mean
+    /// batch size).
+    pub fn batch_counts(&self) -> (u64, u64) {
+        (self.batches, self.batched)
+    }
+
+    /// Whether the connection has closed (every later operation fails).
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// Queues a call of `method` with `payload` (no metadata, no deadline) and returns its id;
+    /// the reply comes from [`Pipeline::poll`]. Never blocks. `RESOURCE_EXHAUSTED` when
+    /// `max_in_flight` calls are outstanding (poll first), or as a NACK from the server (see
+    /// [`Status::is_nack`]); `INVALID_ARGUMENT` for a request larger than one run of the
+    /// server's buffer (use [`Client::call`], which sends fragments).
+    pub fn submit(&mut self, method: &str, payload: &[u8]) -> Result<u64, Status> {
+        let shared = self.client.shared();
+        if shared.dead.load(Ordering::Acquire) {
+            return Err(shared.death_status());
+        }
+        let body_len = method.len() + payload.len();
+        let need = align64(HEADER_LEN + body_len);
+        if need > self.max_run_bytes || body_len > shared.server_max_message {
+            return Err(Status::invalid_argument(format!(
+                "a pipelined request takes at most {} bytes with its header, this one {need}: use Client::call for larger ones",
+                self.max_run_bytes
+            )));
+        }
+        let Some(index) = self.free.pop() else {
+            return Err(Status::resource_exhausted(format!(
+                "{} calls already in flight on this pipeline: poll for replies first, or raise ClientConfig::max_in_flight",
+                self.slots.len()
+            )));
+        };
+        let ctrl = shared.replica.server_control();
+        let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
+        let adaptive = ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE;
+        let block = shared.replica.block_size();
+        if self
+            .staged
+            .as_ref()
+            .is_some_and(|s| s.used + need > s.blocks as usize * block)
+        {
+            self.publish();
+        }
+        if self.staged.is_none() {
+            if let Err(e) = self.open_batch(need, batch_max) {
+                self.free.push(index);
+                return Err(e);
+            }
+        }
+        let shared = self.client.shared();
+        let generation = (self.slots[index as usize] & !BUSY).wrapping_add(1) & !BUSY;
+        self.slots[index as usize] = generation | BUSY;
+        let call_id = (u64::from(generation) << 32) | u64::from(index);
+        let staged = self.staged.as_mut().expect("a batch is open");
+        let header = WireHeader {
+            token: shared.token,
+            call_id,
+            conn_index: shared.conn_index,
+            kind: kind::REQUEST,
+            body_len: body_len as u32,
+            frag_len: body_len as u32,
+            method_len: method.len() as u32,
+            ..WireHeader::default()
+        };
+        let run = shared
+            .replica
+            .block_run(staged.start, staged.blocks)
+            .expect("a claimed run lies inside the buffer");
+        // SAFETY: the run is ours (OWNED, unpublished) and `used + need` fits in it (checked
+        // above or by open_batch); `need` covers the header and the body.
+        unsafe {
+            if staged.count > 0 {
+                let prev = run.add(staged.last) as *mut WireHeader;
+                let mut p = WireHeader::read_from(prev as *const u8);
+                p.reserved[0] |= wire_flags::BATCH_MORE;
+                std::ptr::write_unaligned(prev, p);
+            }
+            let dst = run.add(staged.used);
+            std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
+            crate::client::copy_body_range(
+                &[method.as_bytes(), &[], payload],
+                0,
+                body_len,
+                dst.add(HEADER_LEN),
+            );
+        }
+        staged.last = staged.used;
+        staged.used += need;
+        staged.count += 1;
+        self.in_flight += 1;
+        let full = staged.count >= batch_max;
+        if full || (adaptive && self.server_caught_up()) {
+            self.publish();
+        }
+        Ok(call_id)
+    }
+
+    /// Publishes the batch being written, if any (fixed batching waits for a full batch
+    /// otherwise).
+    pub fn flush(&mut self) {
+        self.publish();
+    }
+
+    /// Delivers every reply that has arrived to `on_reply(call_id, reply)`, without waiting,
+    /// and returns how many. With adaptive batching it also publishes a waiting batch once
+    /// the server has caught up. `Err` only when the connection is gone or the server wrote
+    /// garbage (the connection is then closed); outstanding calls are lost with it.
+    pub fn poll(
+        &mut self,
+        mut on_reply: impl FnMut(u64, Result<&[u8], Status>),
+    ) -> Result<usize, Status> {
+        let mut delivered = 0;
+        for (id, status) in std::mem::take(&mut self.failed) {
+            on_reply(id, Err(status));
+            self.complete(id);
+            delivered += 1;
+        }
+        if self.staged.is_some() && self.server_caught_up() {
+            let ctrl = self.client.shared().replica.server_control();
+            if ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE {
+                self.publish();
+            }
+        }
+        // A handle of our own, so `shared` does not borrow `self` (an Arc clone per poll).
+        let client = self.client.clone();
+        let shared = client.shared();
+        let corrupt = |what: &str| {
+            Status::internal(format!(
+                "service `{}` wrote a malformed response ({what}); the connection was closed",
+                shared.service
+            ))
+        };
+        let Some(mut consumer) = shared.consumer.try_lock() else {
+            return Ok(delivered);
+        };
+        loop {
+            let record = match consumer.peek() {
+                Ok(Some(record)) => record,
+                Ok(None) => break,
+                Err(e) => {
+                    let status = corrupt(&e.to_string());
+                    shared.fail(status.clone());
+                    return Err(status);
+                }
+            };
+            let body = record.body();
+            let parsed = (|| {
+                if body.len() < RESPONSE_HEADER_LEN {
+                    return Err("record shorter than a header");
+                }
+                // SAFETY: body has at least RESPONSE_HEADER_LEN bytes.
+                let h = unsafe { ResponseHeader::read_from(body.as_ptr()) };
+                if h.kind != kind::RESPONSE {
+                    return Err("not a response");
+                }
+                h.validate_shape(shared.config.max_message, body.len() - RESPONSE_HEADER_LEN)?;
+                let code = Code::from_u16(h.status).ok_or("unknown status code")?;
+                let index = (h.call_id & 0xffff_ffff) as usize;
+                if self.slots.get(index) != Some(&((h.call_id >> 32) as u32 | BUSY)) {
+                    return Err("a reply to no call in flight");
+                }
+                Ok((h, code))
+            })();
+            let (h, code) = match parsed {
+                Ok(v) => v,
+                Err(what) => {
+                    drop(record);
+                    let status = corrupt(what);
+                    shared.fail(status.clone());
+                    return Err(status);
+                }
+            };
+            let fragment = &body[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + h.frag_len as usize];
+            let whole;
+            let bytes: &[u8] = if h.frag_len == h.body_len {
+                fragment
+            } else {
+                let buf = self.partial.entry(h.call_id).or_default();
+                if h.frag_offset as usize != buf.len() {
+                    drop(record);
+                    let status = corrupt("response fragments out of order");
+                    shared.fail(status.clone());
+                    return Err(status);
+                }
+                buf.extend_from_slice(fragment);
+                if buf.len() < h.body_len as usize {
+                    record.release();
+                    continue;
+                }
+                whole = self.partial.remove(&h.call_id).unwrap_or_default();
+                &whole
+            };
+            let md_end = h.metadata_len as usize;
+            let outcome = match Metadata::decode(&bytes[..md_end]) {
+                Err(status) => Err(status),
+                Ok(_) if code == Code::Ok => Ok(&bytes[md_end..]),
+                // Copy before decoding: the ring is memory the server can still write.
+                Ok(_) => Err(Status::new(
+                    code,
+                    String::from_utf8_lossy(&Vec::from(&bytes[md_end..])).into_owned(),
+                )),
+            };
+            on_reply(h.call_id, outcome);
+            record.release();
+            self.complete(h.call_id);
+            delivered += 1;
+        }
+        drop(consumer);
+        if delivered == 0 && shared.dead.load(Ordering::Acquire) {
+            return Err(shared.death_status());
+        }
+        Ok(delivered)
+    }
+
+    /// Publishes any batch being written, then waits (per the client's wait policy) until a
+    /// reply has arrived, `timeout` passes (`None`: as long as the server lives) or the
+    /// connection dies. Returns at once if nothing is in flight.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<(), Status> {
+        self.publish();
+        if self.in_flight == 0 || !self.failed.is_empty() {
+            return Ok(());
+        }
+        let shared = self.client.shared();
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let ready = netless_ring::wait(
+            shared.conn.doorbell(),
+            &shared.config.wait,
+            deadline,
+            Duration::from_millis(100),
+            || {
+                let has = shared.consumer.try_lock().is_some_and(|c| c.has_next());
+                (has || shared.dead.load(Ordering::Acquire)).then_some(())
+            },
+        );
+        if shared.dead.load(Ordering::Acquire) {
+            return Err(shared.death_status());
+        }
+        ready.map_err(|_| Status::deadline_exceeded("no reply arrived within the timeout"))
+    }
+
+    /// Frees the slot of a call that has its outcome (a duplicate reply then finds it idle).
+    fn complete(&mut self, call_id: u64) {
+        let index = (call_id & 0xffff_ffff) as usize;
+        if let Some(slot) = self.slots.get_mut(index) {
+            if *slot & BUSY != 0 {
+                *slot &= !BUSY;
+                self.free.push(index as u32);
+                self.in_flight = self.in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Whether the server has taken every queue entry published so far.
+    fn server_caught_up(&self) -> bool {
+        let shared = self.client.shared();
+        let q = shared.replica.queue_for(shared.conn_index);
+        let head = q.head.position.load(Ordering::Relaxed);
+        q.queue.tail_hint().wrapping_sub(head) as i64 <= 0
+    }
+
+    /// Claims a run for a new batch: room for `batch_max` requests like this one if the
+    /// buffer has it, else for this one alone; a NACK if not even that.
+    fn open_batch(&mut self, need: usize, batch_max: u32) -> Result<(), Status> {
+        let shared = self.client.shared();
+        shared.check_depth(shared.replica.queue_for(shared.conn_index))?;
+        let block = shared.replica.block_size();
+        let one = need.div_ceil(block) as u32;
+        let want = (need * batch_max as usize)
+            .min(self.max_run_bytes)
+            .div_ceil(block) as u32;
+        let table = shared.replica.table();
+        let head = shared.shared_head();
+        let claimed = shared
+            .lease
+            .claim(table, head, want.max(one))
+            .map(|s| (s, want.max(one)))
+            .or_else(|| shared.lease.claim(table, head, one).map(|s| (s, one)));
+        let Some((start, blocks)) = claimed else {
+            return Err(shared.nack(format!(
+                "receive buffer of service `{}` is full: retry after polling, or run more replicas",
+                shared.service
+            )));
+        };
+        self.staged = Some(Staged {
+            start,
+            blocks,
+            used: 0,
+            count: 0,
+            last: 0,
+        });
+        Ok(())
+    }
+
+    /// Publishes the open batch: trims its run to what it holds, enqueues it, rings.
+    fn publish(&mut self) {
+        let Some(staged) = self.staged.take() else {
+            return;
+        };
+        let shared = self.client.shared();
+        let table = shared.replica.table();
+        if staged.count == 0 {
+            shared.lease.unclaim(table, staged.start, staged.blocks);
+            return;
+        }
+        let block = shared.replica.block_size();
+        let used = staged.used.div_ceil(block) as u32;
+        if used < staged.blocks {
+            shared
+                .lease
+                .unclaim(table, staged.start + used, staged.blocks - used);
+        }
+        let run = shared
+            .replica
+            .block_run(staged.start, used)
+            .expect("a claimed run lies inside the buffer");
+        // SAFETY: the run's first header is ours and unpublished; nblocks is set last.
+        unsafe {
+            let first = run as *mut WireHeader;
+            let mut h = WireHeader::read_from(first as *const u8);
+            h.nblocks = used;
+            std::ptr::write_unaligned(first, h);
+        }
+        let q = shared.replica.queue_for(shared.conn_index);
+        match q.queue.try_enqueue(staged.start) {
+            Ok(()) => {
+                netless_ring::ring(q.doorbell);
+                self.batches += 1;
+                self.batched += u64::from(staged.count);
+            }
+            Err(e) => {
+                shared.lease.unclaim(table, staged.start, used);
+                let why = match e {
+                    EnqueueError::Full => "receive queue is full",
+                    _ => "receive queue is contended or damaged",
+                };
+                // The batch's calls fail as NACKs, reported at the next poll.
+                let mut offset = 0;
+                for _ in 0..staged.count {
+                    // SAFETY: each of the `count` headers lies in the run we wrote.
+                    let h = unsafe { WireHeader::read_from(run.add(offset)) };
+                    self.failed.push((
+                        h.call_id,
+                        shared.nack(format!(
+                            "service `{}`: {why}; retry with backoff",
+                            shared.service
+                        )),
+                    ));
+                    offset = align64(offset + HEADER_LEN + h.frag_len as usize);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // An unpublished batch's blocks go back to the buffer.
+        if let Some(staged) = self.staged.take() {
+            let shared: &Shared = self.client.shared();
+            shared
+                .lease
+                .unclaim(shared.replica.table(), staged.start, staged.blocks);
+        }
+    }
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("service", &self.client.service())
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}

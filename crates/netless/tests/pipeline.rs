@@ -1,0 +1,170 @@
+//! Pipelined calls and request batching across real processes: many calls in flight from one
+//! thread, replies matched by id in any order, batch size set live through the replica's
+//! soft registers, and a server's death seen by a pipeline.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufReader, Read, Write};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::*;
+use netless::{control, CallOptions, Client, ClientConfig, Code, Pipeline, Server};
+
+/// Entry point of spawned peers (run only by them, via `--ignored`).
+#[test]
+#[ignore = "entry point of the peer processes the other tests spawn"]
+fn pipeline_child_entry() {
+    let Some((_role, dir, service)) = role() else {
+        return;
+    };
+    let _server = Server::bind(&service, server_config(&dir), test_handler).unwrap();
+    println!("READY");
+    std::io::stdout().flush().unwrap();
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+}
+
+fn start(dir: &TestDir, service: &str) -> Child {
+    let mut child = spawn_role("pipeline_child_entry", "server", dir.path(), service);
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    wait_for_line(&mut out, "READY");
+    child
+}
+
+fn set(client: &Client, line: &str) -> String {
+    let reply = client
+        .call(control::SET, line.as_bytes(), &CallOptions::new())
+        .unwrap();
+    String::from_utf8(reply.payload).unwrap()
+}
+
+/// Runs `calls` echo calls through `pipe` with up to `window` in flight, checking every reply
+/// against what its call sent; returns the mean batch size of this run.
+fn run(pipe: &mut Pipeline, calls: u32, window: u32) -> f64 {
+    let (batches0, batched0) = pipe.batch_counts();
+    let mut expected: HashMap<u64, Vec<u8>> = HashMap::new();
+    let (mut sent, mut done) = (0u32, 0u32);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done < calls {
+        assert!(
+            Instant::now() < deadline,
+            "pipeline stalled at {done}/{calls}"
+        );
+        while sent < calls && pipe.in_flight() < window {
+            let payload: Vec<u8> = (0..(sent % 300)).map(|i| (i as u32 ^ sent) as u8).collect();
+            let id = pipe.submit("Echo", &payload).unwrap();
+            expected.insert(id, payload);
+            sent += 1;
+        }
+        let mut got = Vec::new();
+        let n = pipe
+            .poll(|id, reply| got.push((id, reply.map(<[u8]>::to_vec))))
+            .unwrap();
+        if n == 0 {
+            pipe.wait(Some(Duration::from_secs(5))).unwrap();
+        }
+        for (id, reply) in got {
+            let want = expected.remove(&id).expect("a reply to a call in flight");
+            assert_eq!(reply.unwrap(), want);
+            done += 1;
+        }
+    }
+    assert!(expected.is_empty());
+    let (batches, batched) = pipe.batch_counts();
+    (batched - batched0) as f64 / (batches - batches0).max(1) as f64
+}
+
+#[test]
+fn pipelined_calls_are_matched_by_id_and_batched_as_the_registers_say() {
+    let dir = TestDir::new("pipe");
+    let mut server = start(&dir, "t.Pipe");
+    let control = Client::connect_with("t.Pipe", client_config(dir.path())).unwrap();
+    let config = ClientConfig {
+        max_in_flight: 64,
+        ..client_config(dir.path())
+    };
+    let mut pipe = Pipeline::connect("t.Pipe", config).unwrap();
+
+    // Fixed batches of 8: every batch but the last of each window refill is full.
+    assert!(set(&control, "batch_mode=fixed").contains("batch_mode=fixed"));
+    set(&control, "batch=8");
+    let before = control.replica_stats();
+    let mean8 = run(&mut pipe, 4000, 64);
+    let after8 = control.replica_stats();
+    // No batching: one request per queue entry.
+    set(&control, "batch=1");
+    let mean1 = run(&mut pipe, 2000, 64);
+    let after1 = control.replica_stats();
+    eprintln!("mean batch: fixed 8 → {mean8:.2}, 1 → {mean1:.2}");
+    assert!(mean8 > 4.0, "batch=8 gave batches of {mean8:.2}");
+    assert_eq!(mean1, 1.0);
+    // The server saw the same: entries per request before and after the change.
+    let server_mean = |a: &netless::ReplicaStats, b: &netless::ReplicaStats| {
+        (b.calls - a.calls) as f64 / (b.entries - a.entries) as f64
+    };
+    assert!(server_mean(&before, &after8) > 4.0);
+    assert_eq!(server_mean(&after8, &after1), 1.0);
+    // Every pipelined call counted once, plus the `set batch=1` call in between.
+    assert_eq!(after1.calls - before.calls, 6000 + 1);
+
+    // Adaptive: whatever the load, every call is answered.
+    set(&control, "batch_mode=adaptive");
+    set(&control, "batch=32");
+    let adaptive = run(&mut pipe, 3000, 64);
+    eprintln!("adaptive mean batch {adaptive:.2}");
+    assert!((1.0..=32.0).contains(&adaptive));
+
+    // A request too large for one run is refused with a clear error, not a hang.
+    let big = vec![0u8; 200_000];
+    let e = pipe.submit("Echo", &big).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+
+    // The server dies: the pipeline reports UNAVAILABLE promptly.
+    for _ in 0..10 {
+        pipe.submit("Slow", &200u64.to_le_bytes()).unwrap();
+    }
+    pipe.flush();
+    sigkill(&server);
+    server.wait().unwrap();
+    let start = Instant::now();
+    let err = loop {
+        assert!(start.elapsed() < Duration::from_secs(5), "death not seen");
+        match pipe.poll(|_, _| {}) {
+            Err(e) => break e,
+            Ok(_) => {
+                let _ = pipe.wait(Some(Duration::from_millis(50)));
+            }
+        }
+    };
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(pipe.submit("Echo", b"x").is_err());
+}
+
+#[test]
+fn a_full_pipeline_says_so() {
+    let dir = TestDir::new("pipefull");
+    let mut server = start(&dir, "t.Full");
+    let config = ClientConfig {
+        max_in_flight: 4,
+        ..client_config(dir.path())
+    };
+    let mut pipe = Pipeline::connect("t.Full", config).unwrap();
+    for _ in 0..4 {
+        pipe.submit("Slow", &20u64.to_le_bytes()).unwrap();
+    }
+    let e = pipe.submit("Echo", b"x").unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(e.message().contains("poll"), "{e}");
+    let mut n = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while n < 4 {
+        assert!(Instant::now() < deadline);
+        pipe.wait(Some(Duration::from_secs(1))).unwrap();
+        n += pipe.poll(|_, r| assert!(r.is_ok())).unwrap();
+    }
+    assert_eq!(pipe.in_flight(), 0);
+    drop(server.stdin.take());
+    server.wait().unwrap();
+}
