@@ -270,7 +270,6 @@ impl Pipeline {
             let (h, code) = match parsed {
                 Ok(v) => v,
                 Err(what) => {
-                    drop(record);
                     let status = corrupt(what);
                     shared.fail(status.clone());
                     return Err(status);
@@ -283,7 +282,6 @@ impl Pipeline {
             } else {
                 let buf = self.partial.entry(h.call_id).or_default();
                 if h.frag_offset as usize != buf.len() {
-                    drop(record);
                     let status = corrupt("response fragments out of order");
                     shared.fail(status.clone());
                     return Err(status);
