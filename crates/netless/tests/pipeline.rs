@@ -53,7 +53,7 @@ fn run(pipe: &mut Pipeline, calls: u32, window: u32) -> f64 {
             "pipeline stalled at {done}/{calls}"
         );
         while sent < calls && pipe.in_flight() < window {
-            let payload: Vec<u8> = (0..(sent % 300)).map(|i| (i as u32 ^ sent) as u8).collect();
+            let payload: Vec<u8> = (0..(sent % 300)).map(|i| (i ^ sent) as u8).collect();
             let id = pipe.submit("Echo", &payload).unwrap();
             expected.insert(id, payload);
             sent += 1;
