@@ -52,6 +52,8 @@ enum BenchCommand {
     Dmrpc(bench::dmrpc::Args),
     /// NEBULA: a key-value service under open-loop load; receive-buffer provisioning and dispatch.
     Kvs(bench::kvs::Args),
+    /// Dagger Figs. 5-6: pipelined 64 B echo throughput and latency by request batching.
+    Dagger(bench::dagger::Args),
 }
 
 #[derive(Subcommand, Debug)]
@@ -93,6 +95,8 @@ enum PeerCommand {
     },
     /// A process of the key-value bench: the server or one load generator.
     Kvs(bench::kvs::PeerArgs),
+    /// A process of the Dagger bench.
+    Dagger(bench::dagger::PeerArgs),
     /// The other end of the shared-memory floor ping-pong.
     Floor {
         #[arg(long)]
@@ -113,6 +117,10 @@ fn main() -> ExitCode {
         Command::Ctl(args) => cmd::ctl::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Bench(BenchCommand::Kvs(args)) => bench::kvs::run(args),
+        Command::Bench(BenchCommand::Dagger(args)) => bench::dagger::run(args),
+        Command::BenchPeer(PeerCommand::Dagger(args)) => {
+            bench::dagger::peer(args).map(|()| ExitCode::SUCCESS)
+        }
         Command::BenchPeer(PeerCommand::Kvs(args)) => {
             bench::kvs::peer(args).map(|()| ExitCode::SUCCESS)
         }

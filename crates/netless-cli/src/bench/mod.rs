@@ -8,6 +8,7 @@
 //! from which pass by reference beats pass by value (the default `ref_threshold`).
 
 pub mod clock;
+pub mod dagger;
 pub mod dmrpc;
 pub mod echo;
 pub mod floor;
