@@ -221,6 +221,7 @@ fn bad_value(key: &str, value: &str) -> Status {
 
 /// A snapshot of a replica's live counters, as its workers published them in shared memory.
 /// The values are the server's to write: read, summed and displayed, never trusted further.
+/// Calls to the runtime's own `netless.ctl/` methods count like any other call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplicaStats {
     /// Workers (one set of counters each).

@@ -159,7 +159,7 @@ impl Socket {
 pub(crate) fn list_sockets(dir: &Path) -> anyhow::Result<Vec<Socket>> {
     let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
     let mut sockets: Vec<Socket> = entries
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
         .filter_map(|e| Socket::parse(e.file_name().to_str()?))
         .collect();
