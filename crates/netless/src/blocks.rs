@@ -93,6 +93,17 @@ impl BlockLease {
         Some(start)
     }
 
+    /// Claims a fresh run from the allocation head, skipping the last-run and spare fast
+    /// paths (for a pipeline, whose last run is still in flight).
+    pub(crate) fn claim_fresh(
+        &self,
+        table: &[AtomicU32],
+        shared_head: Option<&AtomicU32>,
+        count: u32,
+    ) -> Option<u32> {
+        self.scan(table, shared_head.unwrap_or(&self.own_head), count)
+    }
+
     /// Claims a run like the last one ahead of need, so the next `claim` of that size is free
     /// of shared-memory traffic; returns it (for prefetching) if one was prepared now.
     /// `sharers` is how many connections allocate in this partition: a spare holds blocks

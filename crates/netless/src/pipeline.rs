@@ -7,10 +7,12 @@
 //! (`netless ctl SERVICE set batch=N batch_mode=fixed|adaptive`), read on every submit:
 //!
 //! - `fixed`: a batch is published when it holds `batch` requests (or on `flush`/`wait`);
-//! - `adaptive` (default): a batch is published as soon as the server has taken everything
-//!   published before it, else it grows up to `batch`. An idle server therefore gets every
-//!   request at once (the latency of no batching), a busy one gets what piled up while it
-//!   worked (the throughput of batching), like Nagle's algorithm clocked by the consumer.
+//! - `adaptive` (default): the batch target follows the load, one eighth of the requests
+//!   already published and not yet answered, between 1 and `batch`. With nothing
+//!   outstanding every request goes at once (the latency of no batching); with the window
+//!   full the batches reach `batch` (the throughput of batching). The load signal is the
+//!   pipeline's own count, so choosing costs no shared-memory read; a waiting batch goes out
+//!   from `poll` as soon as replies bring the target down to it.
 //!
 //! ```no_run
 //! let mut pipe = netless::Pipeline::connect("demo.Echo", netless::ClientConfig::default())?;
@@ -194,8 +196,9 @@ impl Pipeline {
         staged.used += need;
         staged.count += 1;
         self.in_flight += 1;
-        let full = staged.count >= batch_max;
-        if full || (adaptive && self.server_caught_up()) {
+        let count = staged.count;
+        let full = count >= batch_max;
+        if full || (adaptive && count >= self.adaptive_target(batch_max)) {
             self.publish();
         }
         Ok(call_id)
@@ -221,9 +224,12 @@ impl Pipeline {
             self.complete(id);
             delivered += 1;
         }
-        if self.staged.is_some() && self.server_caught_up() {
+        if let Some(staged) = &self.staged {
             let ctrl = self.client.shared().replica.server_control();
-            if ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE {
+            let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
+            if ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE
+                && staged.count >= self.adaptive_target(batch_max)
+            {
                 self.publish();
             }
         }
@@ -354,12 +360,11 @@ impl Pipeline {
         }
     }
 
-    /// Whether the server has taken every queue entry published so far.
-    fn server_caught_up(&self) -> bool {
-        let shared = self.client.shared();
-        let q = shared.replica.queue_for(shared.conn_index);
-        let head = q.head.position.load(Ordering::Relaxed);
-        q.queue.tail_hint().wrapping_sub(head) as i64 <= 0
+    /// The adaptive batch target: an eighth of the requests published and not yet
+    /// answered, within 1..=`batch_max`.
+    fn adaptive_target(&self, batch_max: u32) -> u32 {
+        let staged = self.staged.as_ref().map_or(0, |s| s.count);
+        ((self.in_flight - staged) / 8).clamp(1, batch_max)
     }
 
     /// Claims a run for a new batch: room for `batch_max` requests like this one if the
@@ -376,9 +381,9 @@ impl Pipeline {
         let head = shared.shared_head();
         let claimed = shared
             .lease
-            .claim(table, head, want.max(one))
+            .claim_fresh(table, head, want.max(one))
             .map(|s| (s, want.max(one)))
-            .or_else(|| shared.lease.claim(table, head, one).map(|s| (s, one)));
+            .or_else(|| shared.lease.claim_fresh(table, head, one).map(|s| (s, one)));
         let Some((start, blocks)) = claimed else {
             return Err(shared.nack(format!(
                 "receive buffer of service `{}` is full: retry after polling, or run more replicas",

@@ -205,6 +205,21 @@ struct Scratch {
     batch: u32,
 }
 
+thread_local! {
+    /// Set while this worker serves a batch: its replies skip the doorbell, rung once after.
+    static IN_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Ends a batch: clears [`IN_BATCH`] and rings the client's doorbell once.
+struct RingAfterBatch<'a>(&'a Conn);
+
+impl Drop for RingAfterBatch<'_> {
+    fn drop(&mut self) {
+        IN_BATCH.set(false);
+        netless_ring::ring(self.0.segment.doorbell());
+    }
+}
+
 /// A fragmented request being reassembled.
 struct Partial {
     body: Vec<u8>,
@@ -1114,6 +1129,10 @@ impl ServerShared {
         let mut h = first;
         let mut offset = 0usize;
         let mut count = 0u32;
+        // Replies inside the batch do not ring the client's doorbell; this rings once after
+        // the last (or on an early return).
+        IN_BATCH.set(true);
+        let _ring = RingAfterBatch(conn);
         loop {
             if h.kind != kind::REQUEST || h.token != conn.token || h.conn_index != conn.index {
                 return Err("a batched request is not this connection's");
@@ -1491,7 +1510,10 @@ impl ServerShared {
             if offset >= body_len {
                 conn.next_record
                     .store(producer.next_record_ptr() as usize, Ordering::Relaxed);
-                netless_ring::ring(conn.segment.doorbell());
+                // Inside a batch, the worker rings once after its last reply.
+                if !IN_BATCH.get() {
+                    netless_ring::ring(conn.segment.doorbell());
+                }
                 return Ok(());
             }
             netless_ring::ring(conn.segment.doorbell());
