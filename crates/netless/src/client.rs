@@ -191,6 +191,19 @@ impl Client {
         Client::connect_at(service, dir, &path, config)
     }
 
+    /// Connects to replica `replica` of `service` (the server bound with
+    /// `ServerConfig::replica = Some(replica)`, socket `SERVICE#N.sock`).
+    pub fn connect_replica(
+        service: &str,
+        replica: u32,
+        config: ClientConfig,
+    ) -> Result<Client, Status> {
+        config.validate()?;
+        let (dir, _) = resolve_socket(config.dir.as_deref(), service)?;
+        let path = crate::config::replica_socket(&dir, service, replica)?;
+        Client::connect_at(&format!("{service}#{replica}"), dir, &path, config)
+    }
+
     /// Connects to the server listening at `path` (a replica's socket in `dir`).
     pub(crate) fn connect_at(
         service: &str,

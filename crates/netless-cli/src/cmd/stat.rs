@@ -10,10 +10,9 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _};
+use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -168,67 +167,14 @@ pub(crate) fn list_sockets(dir: &Path) -> anyhow::Result<Vec<Socket>> {
 }
 
 /// Connects to the server behind `socket` in `dir`.
-///
-/// [`Client::connect_with`] accepts only a service name, and `#` is not allowed in one, so a
-/// replica is reached through a symlink `SERVICE.sock` to its socket, made for the moment of
-/// connecting in a fresh private (0700) directory under the system temp dir. The server's
-/// ACL still applies: the connection is to the same socket.
 pub(crate) fn connect(dir: &Path, socket: &Socket, config: ClientConfig) -> Result<Client, Status> {
-    let Some(n) = socket.replica else {
-        return Client::connect_with(
-            &socket.service,
-            ClientConfig {
-                dir: Some(dir.to_path_buf()),
-                ..config
-            },
-        );
-    };
-    let service = &socket.service;
-    let alias = AliasDir::create()?;
-    let target = dir.join(format!("{service}#{n}.sock"));
-    std::os::unix::fs::symlink(&target, alias.0.join(format!("{service}.sock"))).map_err(|e| {
-        Status::unavailable(format!(
-            "cannot link to {} in {}: {e}",
-            target.display(),
-            alias.0.display()
-        ))
-    })?;
     let config = ClientConfig {
-        dir: Some(alias.0.clone()),
+        dir: Some(dir.to_path_buf()),
         ..config
     };
-    Client::connect_with(service, config).map_err(|s| {
-        // Name the real replica and directory, not the alias.
-        let message = s
-            .message()
-            .replace(&alias.0.display().to_string(), &dir.display().to_string())
-            .replace(&format!("`{service}`"), &format!("`{service}#{n}`"));
-        Status::new(s.code(), message)
-    })
-}
-
-/// A private directory for a replica's socket alias, removed on drop.
-struct AliasDir(PathBuf);
-
-impl AliasDir {
-    fn create() -> Result<AliasDir, Status> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "netless-r-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .map_err(|e| Status::unavailable(format!("creating {}: {e}", path.display())))?;
-        Ok(AliasDir(path))
-    }
-}
-
-impl Drop for AliasDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+    match socket.replica {
+        None => Client::connect_with(&socket.service, config),
+        Some(n) => Client::connect_replica(&socket.service, n, config),
     }
 }
 
@@ -529,6 +475,7 @@ pub(crate) fn parse_registers(text: &str) -> impl Iterator<Item = (String, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::DirBuilderExt as _;
 
     #[test]
     fn socket_names() {
