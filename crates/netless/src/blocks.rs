@@ -148,16 +148,15 @@ impl BlockLease {
         (hot != 0 && hot as u32 == count).then_some((hot >> 32) as u32)
     }
 
-    /// Gives back a run we claimed but never sent.
+    /// Gives back a run we claimed but never sent. A load and a store per word, not a CAS:
+    /// only the owner changes a word OWNED by it while it lives (the server frees it only
+    /// after the run is published, or once the owner is dead).
     pub(crate) fn unclaim(&self, table: &[AtomicU32], start: u32, count: u32) {
         for b in start..start.saturating_add(count) {
             if let Some(word) = table.get(b as usize) {
-                let _ = word.compare_exchange(
-                    owned(self.tag),
-                    FREE,
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                );
+                if word.load(Ordering::Relaxed) == owned(self.tag) {
+                    word.store(FREE, Ordering::Release);
+                }
             }
         }
     }

@@ -150,7 +150,14 @@ impl Pipeline {
             self.publish();
         }
         if self.staged.is_none() {
-            if let Err(e) = self.open_batch(need, batch_max) {
+            // Room for the batch this one will most likely end: the whole batch when fixed,
+            // the load-driven target when adaptive (at low load, this request alone).
+            let room = if adaptive {
+                self.adaptive_target(batch_max)
+            } else {
+                batch_max
+            };
+            if let Err(e) = self.open_batch(need, room) {
                 self.free.push(index);
                 return Err(e);
             }
@@ -368,7 +375,8 @@ impl Pipeline {
     }
 
     /// Claims a run for a new batch: room for `batch_max` requests like this one if the
-    /// buffer has it, else for this one alone; a NACK if not even that.
+    /// buffer has it, else for this one alone; a NACK if not even that. (An adaptive batch
+    /// that outgrows its run is published and the next request opens a new one.)
     fn open_batch(&mut self, need: usize, batch_max: u32) -> Result<(), Status> {
         let shared = self.client.shared();
         shared.check_depth(shared.replica.queue_for(shared.conn_index))?;

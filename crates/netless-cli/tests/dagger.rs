@@ -1,0 +1,243 @@
+//! End-to-end test of `netless bench dagger --quick`: the real binary, its server peers in
+//! a private socket directory (`NETLESS_DIR`), and the JSON it writes. It checks behaviour
+//! (every row present, replies counted, batch sizes that match the settings), never speed.
+//!
+//! The benchmark runs in its own process group, killed with its peers if it hangs; its output
+//! is read on threads and collected with a timeout.
+
+use std::io::Read;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_netless");
+
+/// How long `--quick` may take (a few seconds optimised; an unoptimised build on a busy
+/// 2-core machine is much slower).
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// A fresh mode-0700 directory under the system temp dir, removed on drop.
+struct TestDir {
+    path: PathBuf,
+}
+
+impl TestDir {
+    fn new(tag: &str) -> TestDir {
+        // Short: socket paths must fit in 107 bytes.
+        let path = std::env::temp_dir().join(format!("nl-dg-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        TestDir { path }
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Reads `r` to its end on a thread; the text arrives on the returned channel.
+fn read_on_thread(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+    });
+    rx
+}
+
+/// Runs `netless <args>` in its own process group with `NETLESS_DIR` set to `dir`, for at
+/// most `limit`; returns its exit status and output. The group (its peers included) is
+/// killed on timeout, and swept once it has exited.
+fn run(dir: &TestDir, args: &[&str], limit: Duration) -> (ExitStatus, String, String) {
+    let what = format!("netless {}", args.join(" "));
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("NETLESS_DIR", &dir.path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning `{what}`: {e}"));
+    let stdout = read_on_thread(child.stdout.take().expect("stdout"));
+    let stderr = read_on_thread(child.stderr.take().expect("stderr"));
+    // The group id is the child's pid, which cannot be reused before we reap it.
+    let group = Pid::from_child(&child);
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait().expect("waiting for the benchmark") {
+            Some(status) => break Some(status),
+            None if Instant::now() >= deadline => break None,
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let _ = rustix::process::kill_process_group(group, Signal::KILL);
+    let status = status.unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("`{what}` did not finish within {limit:?}; killed its process group");
+    });
+    let take = |rx: mpsc::Receiver<String>| {
+        rx.recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| "<output still open after 5 s>".to_string())
+    };
+    (status, take(stdout), take(stderr))
+}
+
+fn f(row: &Value, key: &str) -> f64 {
+    row[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {row}"))
+}
+
+#[test]
+fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
+    let dir = TestDir::new("q");
+    let json_path = dir.path.join("dagger.json");
+    let svg_path = dir.path.join("dagger.svg");
+    let (status, stdout, stderr) = run(
+        &dir,
+        &[
+            "bench",
+            "dagger",
+            "--quick",
+            "--json",
+            json_path.to_str().unwrap(),
+            "--plot",
+            svg_path.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    let report = format!("{status:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
+    assert_eq!(status.code(), Some(0), "{report}");
+    for title in [
+        "Fig. 5",
+        "Fig. 6",
+        "Two client threads",
+        "Acceptance figures",
+    ] {
+        assert!(stdout.contains(title), "no `{title}` table\n{report}");
+    }
+
+    let text = std::fs::read_to_string(&json_path).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["experiment"], "dagger", "{text}");
+    assert_eq!(v["config"]["quick"], true, "{text}");
+    assert_eq!(v["config"]["payload_bytes"], 64, "{text}");
+    assert!(v["machine"]["nproc"].as_u64().is_some(), "{text}");
+
+    // Throughput: five settings in each of the two sweeps, every one with replies counted
+    // and batch sizes that match its setting.
+    let throughput = v["throughput"].as_array().expect("throughput rows");
+    assert_eq!(throughput.len(), 10, "{text}");
+    for (experiment, threads) in [("single", 1), ("pairs", 2)] {
+        let rows: Vec<&Value> = throughput
+            .iter()
+            .filter(|r| r["experiment"] == experiment)
+            .collect();
+        let settings: Vec<&str> = rows
+            .iter()
+            .map(|r| r["setting"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            settings,
+            ["B=1", "B=4", "B=16", "B=32", "adaptive(32)"],
+            "{text}"
+        );
+        for row in rows {
+            assert_eq!(row["client_threads"], threads, "{row}");
+            assert!(row["calls"].as_u64().unwrap() > 0, "{row}");
+            assert!(f(row, "median_mrps") > 0.0, "{row}");
+            assert!(
+                f(row, "min_mrps") <= f(row, "median_mrps")
+                    && f(row, "median_mrps") <= f(row, "max_mrps"),
+                "{row}"
+            );
+            let batch = f(row, "batch");
+            let (client, server) = (f(row, "client_mean_batch"), f(row, "server_mean_batch"));
+            match row["batch_mode"].as_str().unwrap() {
+                // Every batch of a fixed setting is full inside a measured window (a partial
+                // one goes out only at the drain). The server's ratio is taken from counters
+                // read mid-batch, so it may be off by a request at either edge.
+                "fixed" => {
+                    assert!(client <= batch + 1e-9, "{row}");
+                    assert!(server <= batch * 1.05 + 0.01, "{row}");
+                    if batch == 1.0 {
+                        assert_eq!(client, 1.0, "{row}");
+                        assert!((server - 1.0).abs() < 0.01, "{row}");
+                    } else {
+                        assert!(client > 1.0 && server > 1.0, "{row}");
+                    }
+                }
+                "adaptive" => {
+                    assert_eq!(batch, 32.0, "{row}");
+                    assert!((1.0..=32.0).contains(&client), "{row}");
+                    assert!((0.99..=32.0 * 1.05).contains(&server), "{row}");
+                }
+                other => panic!("unknown batch mode {other}: {row}"),
+            }
+        }
+    }
+
+    // Latency: every setting at the lowest load at least (always run), timed and with
+    // p50 <= p99. A saturated point (the host stalled the client for longer than the window,
+    // say) may have timed nothing: it is flagged, which is what is checked.
+    let latency = v["latency"].as_array().expect("latency rows");
+    for setting in ["B=1", "B=4", "adaptive(32)"] {
+        let rows: Vec<&Value> = latency.iter().filter(|r| r["setting"] == setting).collect();
+        assert!(
+            rows.iter().any(|r| f(r, "load_fraction") == 0.05),
+            "{setting} has no 5% row: {text}"
+        );
+        for row in rows {
+            assert!(f(row, "offered_mrps") > 0.0, "{row}");
+            let (scheduled, unsent) = (
+                row["scheduled"].as_u64().unwrap(),
+                row["unsent"].as_u64().unwrap(),
+            );
+            assert!(scheduled > 0 && unsent <= scheduled, "{row}");
+            if unsent > 0 {
+                assert_eq!(row["saturated"], true, "{row}");
+            }
+            if row["calls"].as_u64().unwrap() > 0 {
+                assert!(f(row, "p50_us") > 0.0, "{row}");
+                assert!(f(row, "p50_us") <= f(row, "p99_us"), "{row}");
+            } else {
+                assert_eq!(row["saturated"], true, "{row}");
+            }
+            let client = f(row, "client_mean_batch");
+            if client == 0.0 {
+                // Not a batch published in the window: only a stalled client does that.
+                assert_eq!(row["saturated"], true, "{row}");
+                continue;
+            }
+            match setting {
+                "B=1" => assert_eq!(client, 1.0, "{row}"),
+                "B=4" => assert!(client > 1.0 && client <= 4.0, "{row}"),
+                _ => assert!((1.0..=32.0).contains(&client), "{row}"),
+            }
+        }
+    }
+
+    // The acceptance figures are reported with the ratios they are judged by.
+    let acceptance = &v["acceptance"];
+    assert!(f(acceptance, "best_mrps") > 0.0, "{text}");
+    assert!(f(acceptance, "adaptive_over_best_fixed") > 0.0, "{text}");
+    assert!(acceptance["low_load"].as_array().is_some(), "{text}");
+
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.starts_with("<svg"), "not an SVG");
+    assert!(svg.contains("p50") && svg.contains("B=4") && svg.contains("adaptive(32)"));
+}
