@@ -7,7 +7,7 @@
 //! (`netless ctl SERVICE set batch=N batch_mode=fixed|adaptive`), read on every submit:
 //!
 //! - `fixed`: a batch is published when it holds `batch` requests (or on `flush`/`wait`);
-//! - `adaptive` (default): the batch target follows the load, one eighth of the requests
+//! - `adaptive` (default): the batch target follows the load, one thirty-second of the requests
 //!   already published and not yet answered, between 1 and `batch`. With nothing
 //!   outstanding every request goes at once (the latency of no batching); with the window
 //!   full the batches reach `batch` (the throughput of batching). The load signal is the
@@ -367,11 +367,11 @@ impl Pipeline {
         }
     }
 
-    /// The adaptive batch target: an eighth of the requests published and not yet
+    /// The adaptive batch target: a thirty-second of the requests published and not yet
     /// answered, within 1..=`batch_max`.
     fn adaptive_target(&self, batch_max: u32) -> u32 {
         let staged = self.staged.as_ref().map_or(0, |s| s.count);
-        ((self.in_flight - staged) / 8).clamp(1, batch_max)
+        ((self.in_flight - staged) / 32).clamp(1, batch_max)
     }
 
     /// Claims a run for a new batch: room for `batch_max` requests like this one if the
