@@ -9,8 +9,8 @@
 //! - `fixed`: a batch is published when it holds `batch` requests (or on `flush`/`wait`);
 //! - `adaptive` (default): the batch target follows the load, one thirty-second of the requests
 //!   already published and not yet answered, between 1 and `batch`. With nothing
-//!   outstanding every request goes at once (the latency of no batching); with the window
-//!   full the batches reach `batch` (the throughput of batching). The load signal is the
+//!   outstanding every request goes at once (the latency of no batching); a full window of
+//!   256 calls makes batches of 8 (the throughput of batching). The load signal is the
 //!   pipeline's own count, so choosing costs no shared-memory read; a waiting batch goes out
 //!   from `poll` as soon as replies bring the target down to it.
 //!
