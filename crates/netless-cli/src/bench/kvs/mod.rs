@@ -92,7 +92,9 @@ const CONNECTION_BUFFER: usize = 64 * 1024;
 const REQUEST_HEADER: usize = 64;
 /// Mean request size, method and payload: half `Get` (3 + 16 + 9 B), half `Set` (3 + 528 +
 /// 9 B).
-const MEAN_REQUEST: usize = (3 + store::KEY_BYTES + store::STAMP_BYTES
+const MEAN_REQUEST: usize = (3
+    + store::KEY_BYTES
+    + store::STAMP_BYTES
     + 3
     + store::KEY_BYTES
     + store::VALUE_BYTES
@@ -551,7 +553,9 @@ pub struct Summary {
 
 impl Summary {
     fn of(config: &Config, rows: &[Row]) -> Option<Summary> {
-        let top = rows.iter().max_by(|a, b| a.load_fraction.total_cmp(&b.load_fraction))?;
+        let top = rows
+            .iter()
+            .max_by(|a, b| a.load_fraction.total_cmp(&b.load_fraction))?;
         Some(Summary {
             config: config.clone(),
             receive_buffer_bytes: top.receive_buffer_bytes,
@@ -633,7 +637,11 @@ impl Ctx {
         // idle between requests at low load (an idle vCPU of this VM can take milliseconds to
         // get back from the hypervisor); workers that share a core sleep as soon as idle (see
         // the module docs).
-        let spin_us = if config.workers > 1 { 0 } else { WORKER_SPIN_US };
+        let spin_us = if config.workers > 1 {
+            0
+        } else {
+            WORKER_SPIN_US
+        };
         args.extend(["--spin-us".into(), spin_us.to_string()]);
         if let Some((helpers, workers)) = self.cpus {
             args.extend([
@@ -824,8 +832,7 @@ fn sweep(
     // the client's handshake.
     let mut open: Stats = server.ask("stats")?;
     let since = Instant::now();
-    while (open.connections as usize) < config.connections && since.elapsed() < PEER_TIMEOUT / 10
-    {
+    while (open.connections as usize) < config.connections && since.elapsed() < PEER_TIMEOUT / 10 {
         std::thread::sleep(Duration::from_millis(20));
         open = server.ask("stats")?;
     }
@@ -935,11 +942,7 @@ impl Row {
 
 /// A service name for a configuration (short: it becomes a socket path).
 fn ctx_service_suffix(config: &Config) -> String {
-    format!(
-        "{}.{}",
-        config.mode.replace('/', "-"),
-        config.connections
-    )
+    format!("{}.{}", config.mode.replace('/', "-"), config.connections)
 }
 
 /// Runs the benchmark.
@@ -975,8 +978,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         &FRACTIONS
     };
-    let window = Duration::from_millis(args.window_ms.unwrap_or(if args.quick { 120 } else { 250 }));
-    let repeats = args.repeats.unwrap_or(if args.quick { 1 } else { 4 }).max(1);
+    let window =
+        Duration::from_millis(args.window_ms.unwrap_or(if args.quick { 120 } else { 250 }));
+    let repeats = args
+        .repeats
+        .unwrap_or(if args.quick { 1 } else { 4 })
+        .max(1);
     let plan = Config::plan(args.quick);
     let started = Instant::now();
     eprintln!(
@@ -990,8 +997,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     render::print_baseline(&base);
     let bar = indicatif::ProgressBar::new((plan.len() * fractions.len()) as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:28} [{bar:30}] {pos}/{len} points, {eta} left")
-            .expect("valid template"),
+        indicatif::ProgressStyle::with_template(
+            "{msg:28} [{bar:30}] {pos}/{len} points, {eta} left",
+        )
+        .expect("valid template"),
     );
     let mut rows = Vec::new();
     let mut summaries = Vec::new();
@@ -1035,7 +1044,10 @@ mod tests {
         assert!(quick.iter().all(|c| c.slo && c.workers == 1));
         let full = Config::plan(false);
         assert_eq!(full.len(), 14);
-        let noslo = full.iter().find(|c| c.mode == "per-connection-noslo").unwrap();
+        let noslo = full
+            .iter()
+            .find(|c| c.mode == "per-connection-noslo")
+            .unwrap();
         assert!(!noslo.slo);
         let shared = &full[0];
         assert_eq!(shared.depth_limit(), 8);

@@ -33,8 +33,14 @@ fn print_table(title: &str, header: &[&str], body: &[Vec<String>]) {
         out.trim_end().to_string()
     };
     println!("{title}");
-    println!("{}", render(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>()));
-    println!("{}", "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
+    println!(
+        "{}",
+        render(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>())
+    );
+    println!(
+        "{}",
+        "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1))
+    );
     for line in body {
         println!("{}", render(line));
     }
@@ -278,7 +284,9 @@ impl Acceptance {
             .fold(f64::INFINITY, f64::min);
         Acceptance {
             shared_constant_under_1mib: shared_bytes.len() == CONNECTIONS.len()
-                && shared_bytes.iter().all(|&b| b == shared_bytes[0] && b < 1 << 20),
+                && shared_bytes
+                    .iter()
+                    .all(|&b| b == shared_bytes[0] && b < 1 << 20),
             per_connection_grows: pc_bytes.len() == CONNECTIONS.len()
                 && pc_bytes.windows(2).all(|w| w[1] > w[0]),
             shared_not_lower: shared_tput.len() == pc_tput.len()

@@ -418,8 +418,7 @@ fn handler(
     store: Arc<Store>,
     work: Duration,
     recorded: Arc<Mutex<Histogram<u64>>>,
-) -> impl Fn(&Request<'_>, &mut ResponseBuilder<'_>) -> Result<(), Status> + Send + Sync + 'static
-{
+) -> impl Fn(&Request<'_>, &mut ResponseBuilder<'_>) -> Result<(), Status> + Send + Sync + 'static {
     move |req: &Request<'_>, resp: &mut ResponseBuilder<'_>| {
         let (body, stamp) = Stamp::split(req.payload)
             .ok_or_else(|| Status::invalid_argument("request without its stamp"))?;
