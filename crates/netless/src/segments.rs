@@ -129,9 +129,8 @@ impl ReplicaSegment {
         unsafe { std::ptr::write(base as *mut ReplicaHeader, geometry) };
         let mut queues = Vec::with_capacity(spec.nqueues as usize);
         for q in 0..spec.nqueues as usize {
-            // SAFETY: queue q's region [queue_offset + q·stride, +stride) lies inside the
-            // segment (total_len covers it), is 64-byte aligned, and is only accessed through
-            // the queue's atomics from now on.
+            // SAFETY: queue q's region [queue_offset + q·stride, +stride) is inside the segment
+            // (total_len covers it), 64-byte aligned, and used only through the queue's atomics.
             let queue = unsafe {
                 ReceiveQueue::init(
                     NonNull::new_unchecked(base.add(queue_offset + q * queue_stride)),
