@@ -932,11 +932,8 @@ impl Shared {
         if limit == 0 {
             return Ok(());
         }
-        let depth = queue
-            .queue
-            .tail_hint()
-            .wrapping_sub(queue.head.position.load(Ordering::Relaxed));
-        if (depth as i64) < i64::from(limit) {
+        let depth = queue.depth();
+        if depth < u64::from(limit) {
             return Ok(());
         }
         Err(self.nack(format!(
@@ -957,16 +954,7 @@ impl Shared {
     /// Requests queued at the server ahead of a new one from this connection, as the server
     /// last published it (a hint).
     pub(crate) fn queue_depth(&self) -> u64 {
-        let q = self.replica.queue_for(self.conn_index);
-        let depth = q
-            .queue
-            .tail_hint()
-            .wrapping_sub(q.head.position.load(Ordering::Relaxed));
-        if (depth as i64) < 0 {
-            0
-        } else {
-            depth.min(u64::from(q.queue.capacity()))
-        }
+        self.replica.queue_for(self.conn_index).depth()
     }
 
     fn backoff_for_space(

@@ -273,18 +273,22 @@ impl ServerConfig {
     /// [`crate::sizing::depth_limit`]); `None` without an SLO or a known service time.
     pub(crate) fn depth_limit(&self, measured_service: Option<Duration>) -> Option<u32> {
         let slo = self.slo.as_ref()?;
-        let service = slo.mean_service.or(measured_service)?.as_secs_f64();
-        if service <= 0.0 {
+        self.depth_limit_for(slo.target, slo.mean_service.or(measured_service)?)
+    }
+
+    /// The depth limit for an SLO of `target` with mean service time `service`, for the
+    /// workers that drain one queue; `None` for a zero service time.
+    pub(crate) fn depth_limit_for(&self, target: Duration, service: Duration) -> Option<u32> {
+        if service.is_zero() {
             return None;
         }
-        // The workers draining one queue.
         let k = match self.dispatch {
             Dispatch::Partitioned => 1,
             _ => self.workers as u32,
         };
         Some(crate::sizing::depth_limit(
             k,
-            slo.target.as_secs_f64() / service,
+            target.as_secs_f64() / service.as_secs_f64(),
         ))
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use netless_ring::{WaitMode, WaitPolicy};
 
-use crate::config::{Dispatch, ServerConfig};
+use crate::config::ServerConfig;
 use crate::layout::{
     batch_mode, latency_bucket_floor, wait_mode, ServerControl, BATCH_BUCKETS, LATENCY_BUCKETS,
 };
@@ -166,16 +166,11 @@ pub(crate) fn set(
         }
         "slo_us" => {
             let us = number(60_000_000)?;
-            let limit = match (us, service_time) {
+            let target = Duration::from_micros(us);
+            let derived = service_time.and_then(|s| config.depth_limit_for(target, s));
+            let limit = match (us, derived) {
                 (0, _) => 0,
-                (_, Some(s)) if !s.is_zero() => {
-                    let k = match config.dispatch {
-                        Dispatch::Partitioned => 1,
-                        _ => config.workers as u32,
-                    };
-                    let ratio = (us as f64 * 1000.0) / s.as_nanos() as f64;
-                    crate::sizing::depth_limit(k, ratio)
-                }
+                (_, Some(limit)) => limit,
                 _ => {
                     return Err(Status::new(
                         Code::FailedPrecondition,
@@ -315,15 +310,7 @@ pub(crate) fn snapshot(replica: &crate::segments::ReplicaSegment) -> ReplicaStat
         .filter(|(_, n)| **n > 0)
         .filter_map(|(c, n)| Some((Code::from_u16(c as u16)?, *n)))
         .collect();
-    for q in replica.queues() {
-        let depth = q
-            .queue
-            .tail_hint()
-            .wrapping_sub(q.head.position.load(Ordering::Relaxed));
-        if (depth as i64) > 0 {
-            s.queue_depth += depth.min(u64::from(q.queue.capacity()));
-        }
-    }
+    s.queue_depth = replica.queues().iter().map(|q| q.depth()).sum();
     let ctrl = replica.server_control();
     s.connections = ctrl.connections.load(Ordering::Relaxed);
     s.nacks = replica.client_control().nacks.load(Ordering::Relaxed);

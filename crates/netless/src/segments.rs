@@ -19,7 +19,7 @@ use crate::layout::{
     LAYOUT_VERSION, QUEUE_LINES, REPLICA_MAGIC, SERVER_CONTROL_OFFSET,
 };
 use crate::status::Status;
-use crate::sync::AtomicU32;
+use crate::sync::{AtomicU32, Ordering};
 
 /// Largest replica segment a client agrees to map.
 const MAX_REPLICA_LEN: usize = 1 << 30;
@@ -52,6 +52,22 @@ pub(crate) struct QueueView {
     pub queue: ReceiveQueue<'static>,
     pub doorbell: &'static DoorbellWords,
     pub head: &'static QueueHead,
+}
+
+impl QueueView {
+    /// Requests queued and not yet taken, as the server last published its position (a
+    /// hint: the tail is written by clients), clamped to `0..=capacity`.
+    pub(crate) fn depth(&self) -> u64 {
+        let depth = self
+            .queue
+            .tail_hint()
+            .wrapping_sub(self.head.position.load(Ordering::Relaxed));
+        if (depth as i64) < 0 {
+            0
+        } else {
+            depth.min(u64::from(self.queue.capacity()))
+        }
+    }
 }
 
 /// A mapped replica segment.
