@@ -1220,18 +1220,8 @@ impl Shared {
             // Ask for every line of the record at once (up to 4 KiB) rather than one miss at a
             // time as the copy below walks it.
             prefetch_read_range(body.as_ptr(), body.len(), 64);
-            if body.len() < RESPONSE_HEADER_LEN {
-                return Err(corrupt("record shorter than a header"));
-            }
-            // SAFETY: body has at least RESPONSE_HEADER_LEN bytes.
-            let h = unsafe { ResponseHeader::read_from(body.as_ptr()) };
-            if h.kind != kind::RESPONSE {
-                return Err(corrupt("not a response"));
-            }
-            h.validate_shape(self.config.max_message, body.len() - RESPONSE_HEADER_LEN)
-                .map_err(corrupt)?;
-            let code = Code::from_u16(h.status).ok_or_else(|| corrupt("unknown status code"))?;
-            let fragment = &body[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + h.frag_len as usize];
+            let (h, code, fragment) =
+                parse_response(body, self.config.max_message).map_err(corrupt)?;
             let index = (h.call_id & 0xffff_ffff) as usize;
             let generation = (h.call_id >> 32) as u32;
             let live = self
@@ -1399,6 +1389,35 @@ fn deadline_status() -> Status {
 }
 
 /// Decodes a whole response body: metadata, then payload (or the status message).
+/// Validates a response record from the ring (memory the server writes): its header, shape
+/// and status code. Returns the header, the code and the fragment of body it carries.
+pub(crate) fn parse_response(
+    body: &[u8],
+    max_message: usize,
+) -> Result<(ResponseHeader, Code, &[u8]), &'static str> {
+    if body.len() < RESPONSE_HEADER_LEN {
+        return Err("record shorter than a header");
+    }
+    // SAFETY: body has at least RESPONSE_HEADER_LEN bytes.
+    let h = unsafe { ResponseHeader::read_from(body.as_ptr()) };
+    if h.kind != kind::RESPONSE {
+        return Err("not a response");
+    }
+    h.validate_shape(max_message, body.len() - RESPONSE_HEADER_LEN)?;
+    let code = Code::from_u16(h.status).ok_or("unknown status code")?;
+    let fragment = &body[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + h.frag_len as usize];
+    Ok((h, code, fragment))
+}
+
+/// The status of a failed call from its response bytes (the message), copied out of the
+/// ring before it is decoded: the server can still write there.
+pub(crate) fn error_status(code: Code, message: &[u8]) -> Status {
+    Status::new(
+        code,
+        String::from_utf8_lossy(&Vec::from(message)).into_owned(),
+    )
+}
+
 fn decode_body(
     h: &ResponseHeader,
     code: Code,
@@ -1412,11 +1431,7 @@ fn decode_body(
         out.extend_from_slice(rest);
         Ok(metadata)
     } else {
-        // Copy before decoding: the ring is memory the server can still write.
-        Err(Status::new(
-            code,
-            String::from_utf8_lossy(&Vec::from(rest)).into_owned(),
-        ))
+        Err(error_status(code, rest))
     }
 }
 

@@ -32,12 +32,9 @@ use std::time::{Duration, Instant};
 
 use netless_ring::EnqueueError;
 
-use crate::client::{Client, Shared};
+use crate::client::{error_status, parse_response, Client, Shared};
 use crate::config::ClientConfig;
-use crate::layout::{
-    align64, batch_mode, kind, wire_flags, ResponseHeader, WireHeader, HEADER_LEN,
-    RESPONSE_HEADER_LEN,
-};
+use crate::layout::{align64, batch_mode, kind, wire_flags, WireHeader, HEADER_LEN};
 use crate::metadata::Metadata;
 use crate::status::{Code, Status};
 use crate::sync::Ordering;
@@ -263,24 +260,13 @@ impl Pipeline {
                 }
             };
             let body = record.body();
-            let parsed = (|| {
-                if body.len() < RESPONSE_HEADER_LEN {
-                    return Err("record shorter than a header");
-                }
-                // SAFETY: body has at least RESPONSE_HEADER_LEN bytes.
-                let h = unsafe { ResponseHeader::read_from(body.as_ptr()) };
-                if h.kind != kind::RESPONSE {
-                    return Err("not a response");
-                }
-                h.validate_shape(shared.config.max_message, body.len() - RESPONSE_HEADER_LEN)?;
-                let code = Code::from_u16(h.status).ok_or("unknown status code")?;
-                let index = (h.call_id & 0xffff_ffff) as usize;
-                if self.slots.get(index) != Some(&((h.call_id >> 32) as u32 | BUSY)) {
-                    return Err("a reply to no call in flight");
-                }
-                Ok((h, code))
-            })();
-            let (h, code) = match parsed {
+            let parsed = parse_response(body, shared.config.max_message).and_then(|parsed| {
+                let id = parsed.0.call_id;
+                let live = self.slots.get((id & 0xffff_ffff) as usize)
+                    == Some(&((id >> 32) as u32 | BUSY));
+                live.then_some(parsed).ok_or("a reply to no call in flight")
+            });
+            let (h, code, fragment) = match parsed {
                 Ok(v) => v,
                 Err(what) => {
                     let status = corrupt(what);
@@ -288,7 +274,6 @@ impl Pipeline {
                     return Err(status);
                 }
             };
-            let fragment = &body[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + h.frag_len as usize];
             let whole;
             let bytes: &[u8] = if h.frag_len == h.body_len {
                 fragment
@@ -311,11 +296,7 @@ impl Pipeline {
             let outcome = match Metadata::decode(&bytes[..md_end]) {
                 Err(status) => Err(status),
                 Ok(_) if code == Code::Ok => Ok(&bytes[md_end..]),
-                // Copy before decoding: the ring is memory the server can still write.
-                Ok(_) => Err(Status::new(
-                    code,
-                    String::from_utf8_lossy(&Vec::from(&bytes[md_end..])).into_owned(),
-                )),
+                Ok(_) => Err(error_status(code, &bytes[md_end..])),
             };
             on_reply(h.call_id, outcome);
             record.release();
