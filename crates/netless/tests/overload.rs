@@ -1,11 +1,19 @@
 //! Overload against an SLO (NEBULA's fail-fast NACK), across real processes: the server runs
-//! in the test process (so the test reads its stats), the open-loop load comes from a spawned
-//! client process. Alone in its binary so that no other test competes for the two cores
-//! while it measures latency.
+//! in the test process (so the test reads its stats and what its handler saw), the open-loop
+//! load comes from a spawned client process. Alone in its binary so that no other test
+//! competes for the two cores while it measures latency.
+//!
+//! What the NACK promises is that an accepted request never queues behind more requests than
+//! the SLO allows. The test checks exactly that (each request carries the moment its call
+//! began; the handler counts the requests completed since), and the end-to-end latency in the
+//! service times this host actually delivered: on a shared VM a 5 ms sleep sometimes takes
+//! 20 ms, which no admission control can undo, so a bound in wall-clock milliseconds alone
+//! would test the host, not netless.
 
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,9 +28,49 @@ const SERVICE: Duration = Duration::from_millis(5);
 /// The SLO: 10 service times.
 const TARGET: Duration = Duration::from_millis(50);
 
+/// What the handler saw, in the test (server) process.
+#[derive(Default)]
+struct Seen {
+    /// `CLOCK_MONOTONIC` ns at which each served request's work ended.
+    ends: Vec<u64>,
+    /// For each served request: requests that completed between its call starting and its
+    /// own service starting, i.e. the ones it queued behind (including the one in service).
+    ahead: Vec<u64>,
+    /// Each service time, in µs, as the host delivered it.
+    service_us: Vec<u64>,
+}
+
+static SEEN: Mutex<Seen> = Mutex::new(Seen {
+    ends: Vec::new(),
+    ahead: Vec::new(),
+    service_us: Vec::new(),
+});
+
+/// `Work` payloads carry the client's `CLOCK_MONOTONIC` ns at the start of the call.
 fn work_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
     if req.method == "Work" {
+        let began = req
+            .payload
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+            .ok_or_else(|| Status::invalid_argument("Work takes the call's start time"))?;
+        {
+            let mut seen = SEEN.lock().unwrap();
+            // One worker: completions are pushed in order, so count from the back.
+            let ahead = seen
+                .ends
+                .iter()
+                .rev()
+                .take_while(|&&end| end > began)
+                .count();
+            seen.ahead.push(ahead as u64);
+        }
+        let t0 = Instant::now();
         thread::sleep(SERVICE);
+        let service = t0.elapsed();
+        let mut seen = SEEN.lock().unwrap();
+        seen.ends.push(netless_shm::monotonic_ns());
+        seen.service_us.push(service.as_micros() as u64);
     }
     resp.payload.extend_from_slice(req.payload);
     Ok(())
@@ -69,7 +117,8 @@ fn overload_child_entry() {
                                 thread::sleep(d);
                             }
                             let t0 = Instant::now();
-                            let r = client.call("Work", b"w", &CallOptions::new());
+                            let began = netless_shm::monotonic_ns().to_le_bytes();
+                            let r = client.call("Work", &began, &CallOptions::new());
                             let us = t0.elapsed().as_micros() as u64;
                             match r {
                                 Ok(_) => ok.push(us),
@@ -91,12 +140,6 @@ fn overload_child_entry() {
                 nack.extend(n);
                 other += x;
             }
-            let p99 = |v: &mut Vec<u64>| {
-                v.sort_unstable();
-                v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
-                    .copied()
-                    .unwrap_or(0)
-            };
             println!(
                 "RESULT ok={} ok_p99_us={} nack={} nack_p99_us={} other={other}",
                 ok.len(),
@@ -108,6 +151,14 @@ fn overload_child_entry() {
         }
         _ => {}
     }
+}
+
+/// The 99th percentile (0 for none).
+fn p99(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Parses `key=value` fields of the child's RESULT line.
@@ -160,26 +211,65 @@ fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
     }
     assert!(child.wait().unwrap().success());
     let (ok, nack) = (field(&line, "ok"), field(&line, "nack"));
-    eprintln!("{}", line.trim());
-    assert_eq!(field(&line, "other"), 0, "{line}");
-    // The server kept working at (about) capacity: 2 s × 200/s, allowing for a slow machine.
-    assert!(ok >= 160, "only {ok} calls accepted: {line}");
+    let seen = std::mem::take(&mut *SEEN.lock().unwrap());
+    let (mut ahead, mut service_us) = (seen.ahead, seen.service_us);
+    let served = service_us.len() as u64;
+    let busy: Duration = service_us.iter().map(|&us| Duration::from_micros(us)).sum();
+    let (ahead_p99, ahead_max) = (p99(&mut ahead), ahead.iter().copied().max().unwrap_or(0));
+    let service_p99 = Duration::from_micros(p99(&mut service_us));
+    let summary = format!(
+        "{} | limit {} ahead p99 {ahead_p99} max {ahead_max} | served {served} busy {busy:?} service p99 {service_p99:?}",
+        line.trim(),
+        before.depth_limit
+    );
+    eprintln!("{summary}");
+    assert_eq!(field(&line, "other"), 0, "{summary}");
+    assert_eq!(served, ok, "every accepted call was served once: {summary}");
+    // The server kept working while calls were refused: busy for most of the 2 s (a server
+    // idling with a full queue would show up here, whatever the host's speed).
+    assert!(
+        busy >= Duration::from_millis(1500),
+        "server idle under 2× overload: {summary}"
+    );
     // At twice the capacity about half must be refused.
     assert!(
         nack * 4 >= (ok + nack),
-        "too few NACKs under 2× overload: {line}"
+        "too few NACKs under 2× overload: {summary}"
     );
-    // Accepted calls met the SLO; refused ones failed at once, far below it.
-    let ok_p99 = Duration::from_micros(field(&line, "ok_p99_us"));
-    assert!(ok_p99 <= TARGET, "accepted p99 {ok_p99:?} > SLO {TARGET:?}");
-    let nack_p99 = Duration::from_micros(field(&line, "nack_p99_us"));
+    // The admission bound: an accepted request queued behind at most `depth_limit` others
+    // (those queued when it was admitted, plus the one in service; one more for two clients
+    // admitted at the same instant). Without NACKs, 2× overload grows the queue by ~200
+    // requests a second.
+    let limit = u64::from(before.depth_limit);
     assert!(
-        nack_p99 < TARGET / 4,
-        "NACK p99 {nack_p99:?} is not fail-fast"
+        ahead_p99 <= limit + 1,
+        "accepted requests queued too deep: {summary}"
+    );
+    // End to end, accepted calls met the SLO: at most limit + 2 service times (those ahead,
+    // its own, and a wake-up), measured in the service times this host delivered, never
+    // less than the SLO itself. Refused ones failed at once, far below it.
+    let ok_p99 = Duration::from_micros(field(&line, "ok_p99_us"));
+    let bound = TARGET.max(service_p99 * (limit as u32 + 2));
+    assert!(
+        ok_p99 <= bound,
+        "accepted p99 {ok_p99:?} > {bound:?}: {summary}"
+    );
+    // A refused call that had queued would have waited out at least the requests ahead of it.
+    let nack_p99 = Duration::from_micros(field(&line, "nack_p99_us"));
+    let fail_fast = (TARGET / 4).max(service_p99 * 2);
+    assert!(
+        nack_p99 < fail_fast,
+        "NACK p99 {nack_p99:?} is not fail-fast (< {fail_fast:?}): {summary}"
     );
 
-    // Memory stayed bounded: the same buffer, all of it free again; every NACK counted.
-    let after = server.stats();
+    // Memory stayed bounded: the same buffer, all of it free again once the server has seen
+    // the client leave (it may still hold a spare run it prepared); every NACK counted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = server.stats();
+    while after.connections > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+        after = server.stats();
+    }
     assert_eq!(after.receive_buffer_bytes, sized);
     assert_eq!(after.free_blocks, after.total_blocks, "{after:?}");
     assert!(after.nacks >= nack, "{after:?} vs {nack}");
