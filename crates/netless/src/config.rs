@@ -253,7 +253,9 @@ impl ServerConfig {
 
     /// The buffer an SLO calls for: 10 × E\[Nq\] requests of the mean size (plus header,
     /// in whole blocks) at the highest load that still meets the SLO, for the workers that
-    /// drain one partition. At least 64 blocks.
+    /// drain one partition. At least 64 blocks, and at least room for the requests the
+    /// queue-depth limit admits (that limit plus two per worker: one in service, one held by
+    /// `jbsq2`), so that at the mean size a full buffer never refuses what the SLO allows.
     pub fn slo_sizing(&self, slo: &Slo) -> crate::sizing::Sizing {
         let k = match self.provisioning {
             Provisioning::Shared => self.workers as u32,
@@ -264,7 +266,12 @@ impl ServerConfig {
         let block = self.block_size as usize;
         let msg = (crate::layout::HEADER_LEN + slo.mean_request_bytes).div_ceil(block) * block;
         let mut s = crate::sizing::size_buffer(k, load, msg);
-        s.buffer_bytes = s.buffer_bytes.next_multiple_of(block).max(64 * block);
+        let admitted = crate::sizing::depth_limit(k, ratio) as usize + 2 * k as usize;
+        s.buffer_bytes = s
+            .buffer_bytes
+            .next_multiple_of(block)
+            .max(64 * block)
+            .max(admitted * msg);
         s.slots = (s.buffer_bytes / crate::sizing::SLOT_BYTES) as u32;
         s
     }

@@ -21,6 +21,9 @@ pub enum ClientFault {
     GarbageQueue,
     /// A queue entry for a request with a wrong sequence/kind field.
     BadKind,
+    /// The published consumer head rewound to 0, so the queue looks as deep as every
+    /// request ever sent (clients then refuse to call under an SLO), and no doorbell rung.
+    StaleHead,
 }
 
 /// Makes `client` misbehave as `fault` says. The server should close this client's
@@ -46,6 +49,10 @@ pub fn inject(client: &Client, fault: ClientFault) {
     let view = replica.queue_for(conn_index);
     let queue = &view.queue;
     match fault {
+        ClientFault::StaleHead => {
+            view.head.position.store(0, Ordering::Relaxed);
+            return;
+        }
         ClientFault::GarbageQueue => {
             for value in [u32::MAX, nblocks, nblocks + 7, 0x8000_0000] {
                 let _ = queue.try_enqueue(value);

@@ -708,6 +708,9 @@ impl ServerShared {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         self.slots[index].tag.store(tag, Ordering::Release);
+        // Counted before the client hears it is connected, so stats read after its
+        // `connect` returns include it.
+        self.count_connection(1);
         let welcome = Frame::Welcome {
             version: PROTOCOL_VERSION,
             conn_index: index as u32,
@@ -727,16 +730,24 @@ impl ServerShared {
                 .conn
                 .write()
                 .unwrap_or_else(|e| e.into_inner()) = None;
+            self.count_connection(-1);
             return None;
         }
         let _ = conn.socket.set_read_timeout(None);
         let _ = conn.socket.set_write_timeout(None);
-        let n = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        Some(conn)
+    }
+
+    /// Adds `delta` to the live connection count, here and in the shared control block.
+    fn count_connection(&self, delta: i32) {
+        let n = self
+            .connections
+            .fetch_add(delta as u32, Ordering::Relaxed)
+            .wrapping_add(delta as u32);
         self.replica
             .server_control()
             .connections
             .store(n, Ordering::Relaxed);
-        Some(conn)
     }
 
     /// Marks a connection dead so no worker serves it again.
@@ -787,11 +798,7 @@ impl ServerShared {
             .conn
             .write()
             .unwrap_or_else(|e| e.into_inner()) = None;
-        let n = self.connections.fetch_sub(1, Ordering::Relaxed) - 1;
-        self.replica
-            .server_control()
-            .connections
-            .store(n, Ordering::Relaxed);
+        self.count_connection(-1);
         true
     }
 
@@ -875,18 +882,29 @@ impl ServerShared {
                 queue.try_dequeue_with(head, full_check, on_full)
             };
             let idle = if hold { &me.held } else { &me.serving };
+            // The head is published for clients' queue-depth checks (SLO NACKs, replica
+            // choice). With several workers a preempted one can publish an older head after
+            // a newer one; an idle worker republishes it, or clients refused on a stale depth
+            // would never enqueue (nor ring) again and the server would sit idle for good.
+            let publish = || {
+                let now = head.position();
+                if view.head.position.load(Ordering::Relaxed) != now {
+                    view.head.position.store(now, Ordering::Relaxed);
+                }
+            };
             match dequeued {
                 Dequeue::Item(block) => {
-                    // Published for clients' queue-depth checks (SLO NACKs, replica choice).
                     view.head.position.store(head.position(), Ordering::Relaxed);
                     Some(Some(block))
                 }
                 Dequeue::Skipped => {
+                    publish();
                     idle.store(IDLE, Ordering::Release);
                     self.dropped.fetch_add(1, Ordering::Relaxed);
                     None
                 }
                 Dequeue::Empty => {
+                    publish();
                     // on_full may have run for an entry another worker won.
                     if !single {
                         idle.store(IDLE, Ordering::Release);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use netless::fault::{inject, ClientFault};
-use netless::{CallOptions, Client, Code, Server};
+use netless::{CallOptions, Client, Code, Server, ServerConfig, Slo};
 
 /// Entry point of spawned peers (run only by them, via `--ignored`).
 #[test]
@@ -89,11 +89,16 @@ fn child_process_entry() {
                 "fault-foreign-blocks" => ClientFault::ForeignBlocks,
                 "fault-huge-body" => ClientFault::HugeBody,
                 "fault-bad-kind" => ClientFault::BadKind,
+                "fault-stale-head" => ClientFault::StaleHead,
                 _ => ClientFault::GarbageQueue,
             };
             let client = Client::connect_with(&service, client_config(&dir)).unwrap();
             client.call("Echo", b"before", &CallOptions::new()).unwrap();
             inject(&client, kind);
+            if kind == ClientFault::StaleHead {
+                // Nothing for the server to close: it should just recover.
+                return;
+            }
             let start = Instant::now();
             while !client.is_closed() && start.elapsed() < Duration::from_secs(5) {
                 thread::sleep(Duration::from_millis(5));
@@ -513,6 +518,60 @@ fn garbage_from_a_client_costs_only_its_connection() {
             .payload,
         b"fine"
     );
+}
+
+/// A client that rewinds the queue head the server publishes makes the queue look deeper
+/// than the SLO allows, so every client refuses to call and none rings: the server must
+/// republish its real head by itself, not sit idle for good.
+#[test]
+fn a_rewound_queue_head_refuses_calls_only_briefly() {
+    let dir = TestDir::new("stale-head");
+    let config = ServerConfig {
+        slo: Some(Slo::new(Duration::from_millis(10)).mean_service(Duration::from_millis(1))),
+        ..server_config(dir.path())
+    };
+    let server = Server::bind("test.StaleHead", config, test_handler).unwrap();
+    let limit = u64::from(server.stats().depth_limit);
+    assert!(limit > 0);
+    let honest = connect(&dir, "test.StaleHead");
+    // Enough requests through the queue that a rewound head reads as far over the limit.
+    for _ in 0..4 * limit {
+        honest.call("Echo", b"x", &CallOptions::new()).unwrap();
+    }
+    let mut child = spawn_role(
+        "child_process_entry",
+        "fault-stale-head",
+        dir.path(),
+        "test.StaleHead",
+    );
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "fault child failed: {out}");
+    let start = Instant::now();
+    let mut refused = 0;
+    loop {
+        match honest.call("Echo", b"after", &CallOptions::new()) {
+            Ok(reply) => {
+                assert_eq!(reply.payload, b"after");
+                break;
+            }
+            Err(status) => {
+                assert!(status.is_nack(), "{status}");
+                refused += 1;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still refused after {:?} ({refused} NACKs): the server never republished its head",
+            start.elapsed()
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
 }
 
 #[test]
