@@ -1,214 +1,15 @@
 //! End-to-end tests of the `netless` binary: every test runs the real executable as separate
-//! processes, in its own private socket directory (`NETLESS_DIR`), with bounded waits only.
-//!
-//! Processes are started in their own process group so that a timed-out command can be killed
-//! together with any peers it spawned (`netless bench` starts several); their stdout and stderr
-//! are read on threads and collected with a timeout, so a grandchild that keeps a pipe open
-//! cannot hang a test either.
+//! processes, in its own private socket directory (`NETLESS_DIR`), with bounded waits only
+//! (see `common` for how the processes are run and killed).
 
-use std::io::Read;
-use std::os::unix::fs::DirBuilderExt as _;
-use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+mod common;
 
-use rustix::process::{Pid, Signal};
+use std::path::Path;
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_netless");
+use rustix::process::Signal;
 
-/// How long a short command (ping, a usage error) may take before it counts as hung.
-const SHORT: Duration = Duration::from_secs(30);
-/// How long a server may take to come up and answer a ping.
-const STARTUP: Duration = Duration::from_secs(10);
-/// How long a server may take to exit after SIGTERM/SIGINT.
-const SHUTDOWN: Duration = Duration::from_secs(5);
-
-/// A fresh mode-0700 directory under the system temp dir, removed on drop.
-struct TestDir {
-    path: PathBuf,
-}
-
-impl TestDir {
-    fn new(tag: &str) -> TestDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        // Short: socket paths must fit in 107 bytes.
-        let path = std::env::temp_dir().join(format!(
-            "nl-cli-{}-{}-{tag}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-        TestDir { path }
-    }
-
-    fn socket(&self, service: &str) -> PathBuf {
-        self.path.join(format!("{service}.sock"))
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// Reads `r` to its end on a thread; the text arrives on the returned channel.
-fn read_on_thread(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = r.read_to_end(&mut buf);
-        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
-    });
-    rx
-}
-
-/// What a finished process printed and how it ended.
-#[derive(Debug)]
-struct Output {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Output {
-    fn describe(&self) -> String {
-        format!(
-            "status: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.status, self.stdout, self.stderr
-        )
-    }
-}
-
-/// A running `netless` process; killed with its process group if dropped while running.
-struct Proc {
-    what: String,
-    child: Child,
-    stdout: Option<mpsc::Receiver<String>>,
-    stderr: Option<mpsc::Receiver<String>>,
-    reaped: bool,
-}
-
-impl Proc {
-    fn spawn(dir: &TestDir, args: &[&str]) -> Proc {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .env("NETLESS_DIR", &dir.path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        let what = format!("netless {}", args.join(" "));
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawning `{what}`: {e}"));
-        let stdout = child.stdout.take().map(read_on_thread);
-        let stderr = child.stderr.take().map(read_on_thread);
-        Proc {
-            what,
-            child,
-            stdout,
-            stderr,
-            reaped: false,
-        }
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_child(&self.child)
-    }
-
-    /// Polls for the exit status until `timeout`; `None` if still running.
-    fn wait_for(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => {
-                    self.reaped = true;
-                    return Some(status);
-                }
-                Ok(None) if Instant::now() >= deadline => return None,
-                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                Err(e) => panic!("waiting for `{}`: {e}", self.what),
-            }
-        }
-    }
-
-    /// Whether the process has exited (and with what), without waiting.
-    fn exited(&mut self) -> Option<ExitStatus> {
-        self.wait_for(Duration::ZERO)
-    }
-
-    fn signal(&self, signal: Signal) {
-        assert!(!self.reaped, "`{}` already exited", self.what);
-        rustix::process::kill_process(self.pid(), signal)
-            .unwrap_or_else(|e| panic!("sending {signal:?} to `{}`: {e}", self.what));
-    }
-
-    /// SIGKILLs the whole process group and reaps the child.
-    fn kill(&mut self) {
-        if self.reaped {
-            return;
-        }
-        // The group id is the child's pid, which cannot be reused before we reap it.
-        let _ = rustix::process::kill_process_group(self.pid(), Signal::KILL);
-        let _ = self.child.kill();
-        if self.wait_for(Duration::from_secs(10)).is_none() {
-            eprintln!("warning: `{}` survived SIGKILL for 10 s", self.what);
-        }
-    }
-
-    /// Collects the output; the pipes may be held open by grandchildren, hence the timeout.
-    fn collect(&mut self, status: ExitStatus) -> Output {
-        let take = |rx: Option<mpsc::Receiver<String>>| {
-            rx.map(|rx| {
-                rx.recv_timeout(Duration::from_secs(5))
-                    .unwrap_or_else(|_| "<output still open after 5 s>".to_string())
-            })
-            .unwrap_or_default()
-        };
-        Output {
-            status,
-            stdout: take(self.stdout.take()),
-            stderr: take(self.stderr.take()),
-        }
-    }
-
-    /// Waits up to `timeout` for the process to exit and returns its output; on timeout
-    /// kills it and panics with what it printed.
-    fn finish(mut self, timeout: Duration) -> Output {
-        match self.wait_for(timeout) {
-            Some(status) => self.collect(status),
-            None => {
-                self.kill();
-                let status = self.child.wait().expect("reaping a killed child");
-                let out = self.collect(status);
-                panic!(
-                    "`{}` did not exit within {timeout:?}; killed it\n{}",
-                    self.what,
-                    out.describe()
-                );
-            }
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Runs `netless <args>` to completion (at most `timeout`).
-fn run(dir: &TestDir, args: &[&str], timeout: Duration) -> Output {
-    Proc::spawn(dir, args).finish(timeout)
-}
+use common::*;
 
 /// `netless echo-server --service <service> --spin-us 5`.
 fn start_echo_server(dir: &TestDir, service: &str) -> Proc {
@@ -221,55 +22,19 @@ fn start_echo_server(dir: &TestDir, service: &str) -> Proc {
 /// Runs `netless ping <service> <args>` until it succeeds, for up to [`STARTUP`] while the
 /// server comes up; panics if the server exits or the ping never succeeds.
 fn ping_until_ok(dir: &TestDir, server: &mut Proc, service: &str, args: &[&str]) -> Output {
-    let started = Instant::now();
     let mut argv = vec!["ping", service];
     argv.extend_from_slice(args);
-    loop {
-        let out = run(dir, &argv, SHORT);
-        if out.status.success() {
-            return out;
-        }
-        if let Some(status) = server.exited() {
-            let server_out = server.collect(status);
-            panic!(
-                "the echo server exited early\n{}\nlast ping:\n{}",
-                server_out.describe(),
-                out.describe()
-            );
-        }
-        if started.elapsed() > STARTUP {
-            panic!(
-                "`netless {}` did not succeed within {STARTUP:?}; last attempt:\n{}",
-                argv.join(" "),
-                out.describe()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    run_until_ok(dir, server, &argv)
 }
 
 /// Sends `signal` to the server and checks it exits with status 0 within [`SHUTDOWN`] and
 /// removes its socket.
-fn stop_server(mut server: Proc, signal: Signal, socket: &Path) -> Output {
-    server.signal(signal);
-    let what = server.what.clone();
-    let out = match server.wait_for(SHUTDOWN) {
-        Some(status) => server.collect(status),
-        None => {
-            server.kill();
-            panic!("`{what}` did not exit within {SHUTDOWN:?} of {signal:?}");
-        }
-    };
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "`{what}` after {signal:?} (signal: {:?})\n{}",
-        out.status.signal(),
-        out.describe()
-    );
+fn stop_server(server: Proc, signal: Signal, socket: &Path) -> Output {
+    let out = server.stop(signal);
     assert!(
         !socket.exists(),
-        "`{what}` left its socket {} behind after {signal:?}",
+        "`{}` left its socket {} behind after {signal:?}",
+        out.what,
         socket.display()
     );
     out
@@ -777,7 +542,7 @@ fn unknown_subcommand_and_bad_args_fail_with_usage() {
 
     let usage_error = |args: &[&str], mention: &str| {
         let out = run(&dir, args, SHORT);
-        let report = format!("netless {}\n{}", args.join(" "), out.describe());
+        let report = out.describe();
         assert_eq!(out.status.code(), Some(2), "usage errors exit 2\n{report}");
         assert!(out.stderr.contains("Usage:"), "{report}");
         assert!(out.stderr.contains(mention), "no `{mention}`\n{report}");

@@ -2,99 +2,20 @@
 //! a private socket directory (`NETLESS_DIR`), and the JSON it writes. It checks behaviour
 //! (every row present, replies counted, batch sizes that match the settings), never speed.
 //!
-//! The benchmark runs in its own process group, killed with its peers if it hangs; its output
-//! is read on threads and collected with a timeout.
+//! The benchmark runs in its own process group, killed with its peers if it hangs (see
+//! `common`).
 
-use std::io::Read;
-use std::os::unix::fs::DirBuilderExt as _;
-use std::os::unix::process::CommandExt as _;
-use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+mod common;
 
-use rustix::process::{Pid, Signal};
+use std::time::Duration;
+
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_netless");
+use common::*;
 
 /// How long `--quick` may take (a few seconds optimised; an unoptimised build on a busy
 /// 2-core machine is much slower).
 const LIMIT: Duration = Duration::from_secs(240);
-
-/// A fresh mode-0700 directory under the system temp dir, removed on drop.
-struct TestDir {
-    path: PathBuf,
-}
-
-impl TestDir {
-    fn new(tag: &str) -> TestDir {
-        // Short: socket paths must fit in 107 bytes.
-        let path = std::env::temp_dir().join(format!("nl-dg-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-        TestDir { path }
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// Reads `r` to its end on a thread; the text arrives on the returned channel.
-fn read_on_thread(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = r.read_to_end(&mut buf);
-        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
-    });
-    rx
-}
-
-/// Runs `netless <args>` in its own process group with `NETLESS_DIR` set to `dir`, for at
-/// most `limit`; returns its exit status and output. The group (its peers included) is
-/// killed on timeout, and swept once it has exited.
-fn run(dir: &TestDir, args: &[&str], limit: Duration) -> (ExitStatus, String, String) {
-    let what = format!("netless {}", args.join(" "));
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("NETLESS_DIR", &dir.path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning `{what}`: {e}"));
-    let stdout = read_on_thread(child.stdout.take().expect("stdout"));
-    let stderr = read_on_thread(child.stderr.take().expect("stderr"));
-    // The group id is the child's pid, which cannot be reused before we reap it.
-    let group = Pid::from_child(&child);
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        match child.try_wait().expect("waiting for the benchmark") {
-            Some(status) => break Some(status),
-            None if Instant::now() >= deadline => break None,
-            None => std::thread::sleep(Duration::from_millis(50)),
-        }
-    };
-    let _ = rustix::process::kill_process_group(group, Signal::KILL);
-    let status = status.unwrap_or_else(|| {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("`{what}` did not finish within {limit:?}; killed its process group");
-    });
-    let take = |rx: mpsc::Receiver<String>| {
-        rx.recv_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|_| "<output still open after 5 s>".to_string())
-    };
-    (status, take(stdout), take(stderr))
-}
 
 fn f(row: &Value, key: &str) -> f64 {
     row[key]
@@ -107,7 +28,7 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
     let dir = TestDir::new("q");
     let json_path = dir.path.join("dagger.json");
     let svg_path = dir.path.join("dagger.svg");
-    let (status, stdout, stderr) = run(
+    let out = run(
         &dir,
         &[
             "bench",
@@ -120,15 +41,15 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
         ],
         LIMIT,
     );
-    let report = format!("{status:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
-    assert_eq!(status.code(), Some(0), "{report}");
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(0), "{report}");
     for title in [
         "Fig. 5",
         "Fig. 6",
         "Two client threads",
         "Acceptance figures",
     ] {
-        assert!(stdout.contains(title), "no `{title}` table\n{report}");
+        assert!(out.stdout.contains(title), "no `{title}` table\n{report}");
     }
 
     let text = std::fs::read_to_string(&json_path).unwrap();

@@ -5,6 +5,8 @@
 //! The Python interpreter is `$NETLESS_PYTHON`, else `target/interop-venv/bin/python`
 //! (`scripts/python-env` makes it; `.ci/run` and `scripts/test` run that first).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,7 +21,7 @@ use netless_examples::routeguide::RouteGuideService;
 use netless_examples::routeguide_pb::route_guide_client::RouteGuideClient;
 use netless_examples::routeguide_pb::route_guide_server::RouteGuideServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_netless");
+use common::{TestDir, BIN};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -80,17 +82,18 @@ fn read_marker(child: &mut Child, marker: &str) -> String {
         .unwrap_or_else(|_| panic!("no `{marker}` line within 20 s"))
 }
 
+/// The backend and the gateway in front of it. Fields drop in order: the backend, then the
+/// gateway, then their socket directory.
 struct Setup {
-    dir: PathBuf,
     backend: Option<Proc>,
     gateway: Proc,
     address: String,
+    _dir: TestDir,
 }
 
 impl Setup {
     fn start(tag: &str, gateway_args: &[&str]) -> Setup {
-        let dir = std::env::temp_dir().join(format!("nl-interop-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = TestDir::new(tag);
         let mut backend = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
@@ -100,7 +103,7 @@ impl Setup {
                 "--test-threads=1",
             ])
             .env("NETLESS_INTEROP_BACKEND", "1")
-            .env("NETLESS_DIR", &dir)
+            .env("NETLESS_DIR", &dir.path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -109,7 +112,7 @@ impl Setup {
         let mut gateway = Command::new(BIN)
             .args(["gateway", "--listen", "127.0.0.1:0", "--threads", "2"])
             .args(gateway_args)
-            .env("NETLESS_DIR", &dir)
+            .env("NETLESS_DIR", &dir.path)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -119,19 +122,11 @@ impl Setup {
             .unwrap()
             .to_string();
         Setup {
-            dir,
+            _dir: dir,
             backend: Some(Proc(backend)),
             gateway: Proc(gateway),
             address,
         }
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        drop(self.backend.take());
-        let _ = self.gateway.0.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -154,19 +149,17 @@ fn python() -> PathBuf {
 
 /// Runs the Python client against `target`; returns its output, panicking if it failed.
 fn run_python(target: &str, ca: Option<&Path>, tag: &str) -> String {
-    let out_dir = std::env::temp_dir().join(format!("nl-py-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&out_dir).unwrap();
+    let out_dir = TestDir::new(&format!("py-{tag}"));
     let mut command = Command::new(python());
     command
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/client.py"))
         .arg(target)
         .arg(workspace().join("examples/proto"))
-        .arg(&out_dir);
+        .arg(&out_dir.path);
     if let Some(ca) = ca {
         command.arg(ca);
     }
     let output = command.output().unwrap();
-    let _ = std::fs::remove_dir_all(&out_dir);
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     assert!(
         output.status.success(),
@@ -197,10 +190,9 @@ fn python_grpcio_client_passes_through_the_gateway() {
 
 #[test]
 fn python_grpcio_client_reaches_the_backend_over_tls() {
-    let dir = std::env::temp_dir().join(format!("nl-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TestDir::new("tls");
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let (cert_path, key_path) = (dir.path.join("cert.pem"), dir.path.join("key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
     let setup = Setup::start(
@@ -215,7 +207,6 @@ fn python_grpcio_client_reaches_the_backend_over_tls() {
     let port = setup.address.rsplit(':').next().unwrap();
     let out = run_python(&format!("localhost:{port}"), Some(&cert_path), "tls");
     assert!(out.contains("PASS unary\n"), "{out}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

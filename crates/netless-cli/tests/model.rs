@@ -2,78 +2,14 @@
 //! binary with bounded waits: the paper's worked example, input validation, the simulator's
 //! Erlang-C self-check, the Table I shape and the JSON report.
 
-use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_netless");
+use std::time::Duration;
 
-/// How long `netless size` or a rejected command may take.
-const SHORT: Duration = Duration::from_secs(30);
+use common::*;
+
 /// How long the `--quick` simulation may take (some 15 s of an unoptimised build on 2 cores).
 const SIMULATION: Duration = Duration::from_secs(180);
-
-/// What a finished `netless` printed and how it ended.
-struct Output {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Output {
-    fn describe(&self) -> String {
-        format!(
-            "status: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.status, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Reads `r` to its end on a thread; the text arrives on the returned channel.
-fn read_on_thread(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = r.read_to_end(&mut buf);
-        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
-    });
-    rx
-}
-
-/// Runs `netless args…` to completion; kills it and panics if it takes longer than `timeout`.
-fn netless(args: &[&str], timeout: Duration) -> Output {
-    let what = format!("netless {}", args.join(" "));
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning `{what}`: {e}"));
-    let stdout = read_on_thread(child.stdout.take().expect("piped stdout"));
-    let stderr = read_on_thread(child.stderr.take().expect("piped stderr"));
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("`{what}` did not finish within {timeout:?}; killed it");
-            }
-            Err(e) => panic!("waiting for `{what}`: {e}"),
-        }
-    };
-    let take = |rx: mpsc::Receiver<String>| rx.recv_timeout(SHORT).unwrap_or_default();
-    Output {
-        status,
-        stdout: take(stdout),
-        stderr: take(stderr),
-    }
-}
 
 fn assert_within(what: &str, got: f64, want: f64, relative: f64) {
     let error = (got - want).abs() / want;
@@ -86,7 +22,9 @@ fn assert_within(what: &str, got: f64, want: f64, relative: f64) {
 
 #[test]
 fn size_reproduces_the_nebula_worked_example() {
-    let out = netless(
+    let dir = TestDir::new("size");
+    let out = run(
+        &dir,
         &[
             "size",
             "--workers",
@@ -117,7 +55,8 @@ fn size_reproduces_the_nebula_worked_example() {
     assert!(number("bitvector_bytes") < 1.1 * 1024.0, "{json}");
     assert!(number("wait_probability") > 0.0 && number("wait_probability") < 1.0);
 
-    let text = netless(
+    let text = run(
+        &dir,
         &[
             "size",
             "--workers",
@@ -141,6 +80,7 @@ fn size_reproduces_the_nebula_worked_example() {
 
 #[test]
 fn size_rejects_an_unstable_or_empty_server() {
+    let dir = TestDir::new("bad");
     for load in ["64", "70"] {
         let args = [
             "size",
@@ -151,7 +91,7 @@ fn size_rejects_an_unstable_or_empty_server() {
             "--mean-msg-bytes",
             "1024",
         ];
-        let out = netless(&args, SHORT);
+        let out = run(&dir, &args, SHORT);
         assert_eq!(out.status.code(), Some(2), "{}", out.describe());
         assert!(
             out.stderr.contains("must be below") && out.stderr.contains("without bound"),
@@ -185,7 +125,7 @@ fn size_rejects_an_unstable_or_empty_server() {
             "0",
         ],
     ] {
-        let out = netless(&[&["size"], &args[..]].concat(), SHORT);
+        let out = run(&dir, &[&["size"], &args[..]].concat(), SHORT);
         assert_eq!(out.status.code(), Some(2), "{}", out.describe());
         assert!(out.stderr.contains("must be"), "{}", out.describe());
     }
@@ -193,14 +133,17 @@ fn size_rejects_an_unstable_or_empty_server() {
 
 #[test]
 fn sim_rejects_an_unstable_load() {
-    let out = netless(&["sim", "--loads", "0.5,1.2"], SHORT);
+    let dir = TestDir::new("unstable");
+    let out = run(&dir, &["sim", "--loads", "0.5,1.2"], SHORT);
     assert_eq!(out.status.code(), Some(2), "{}", out.describe());
     assert!(out.stderr.contains("without bound"), "{}", out.describe());
 }
 
 #[test]
 fn sim_skips_the_erlang_c_check_where_it_does_not_apply() {
-    let out = netless(
+    let dir = TestDir::new("skip");
+    let out = run(
+        &dir,
         &[
             "sim",
             "--workers",
@@ -226,16 +169,15 @@ fn sim_skips_the_erlang_c_check_where_it_does_not_apply() {
 /// deviations of 1.0–1.3% (over 26 seeds), so 5% is 3.8 or more of them away for any seed.
 #[test]
 fn sim_quick_agrees_with_erlang_c_and_prints_table_one() {
-    let dir = std::env::temp_dir().join(format!("netless-model-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("creating the temp dir");
-    let json_path = dir.join("sim.json");
+    let dir = TestDir::new("sim");
+    let json_path = dir.path.join("sim.json");
     let json_arg = json_path.to_str().expect("a UTF-8 temp path");
-    let out = netless(
+    let out = run(
+        &dir,
         &["sim", "--quick", "--workers", "16,64", "--json", json_arg],
         SIMULATION,
     );
     let report = std::fs::read_to_string(&json_path);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "{}", out.describe());
 
     for k in ["16", "64"] {
