@@ -454,9 +454,26 @@ pub(crate) fn replica_socket(dir: &Path, service: &str, n: u32) -> Result<PathBu
     Ok(path)
 }
 
-/// The replica number in a socket file name `SERVICE#N.sock` or `SERVICE.sock` (`None`), if
-/// the name belongs to `service`.
-pub(crate) fn replica_of(file_name: &str, service: &str) -> Option<Option<u32>> {
+/// Which server of `service` a socket file name in the socket directory belongs to.
+///
+/// A server bound as `service` listens on `SERVICE.sock`, and replica `N` (bound with
+/// [`ServerConfig::replica`] `= Some(N)`) on `SERVICE#N.sock`. This returns `Some(None)` for
+/// the first, `Some(Some(N))` for the second, and `None` for any other name: another
+/// service's socket (`SERVICE2.sock` is not `SERVICE`'s), a replica suffix that is not a
+/// decimal `u32`, or a file that is not a socket name. [`Replicas`](crate::Replicas) finds
+/// a service's replicas this way. `service` itself is not validated: pass a valid service
+/// name.
+///
+/// ```
+/// use netless::replica_of;
+///
+/// assert_eq!(replica_of("kv.Store.sock", "kv.Store"), Some(None));
+/// assert_eq!(replica_of("kv.Store#7.sock", "kv.Store"), Some(Some(7)));
+/// assert_eq!(replica_of("kv.Store2.sock", "kv.Store"), None);
+/// assert_eq!(replica_of("kv.Store#x.sock", "kv.Store"), None);
+/// assert_eq!(replica_of("kv.Store#7", "kv.Store"), None);
+/// ```
+pub fn replica_of(file_name: &str, service: &str) -> Option<Option<u32>> {
     let rest = file_name.strip_prefix(service)?.strip_suffix(".sock")?;
     if rest.is_empty() {
         return Some(None);

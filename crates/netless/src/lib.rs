@@ -48,8 +48,9 @@ pub(crate) use netless_shm::sync;
 pub use call::{CallOptions, Reply, Request, ResponseBuilder};
 pub use client::Client;
 pub use config::{
-    ClientConfig, Dispatch, Provisioning, RetryPolicy, ServerConfig, Slo, DEFAULT_BUFFER_BYTES,
-    DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_MESSAGE, DEFAULT_REF_THRESHOLD,
+    replica_of, ClientConfig, Dispatch, Provisioning, RetryPolicy, ServerConfig, Slo,
+    DEFAULT_BUFFER_BYTES, DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_MESSAGE,
+    DEFAULT_REF_THRESHOLD,
 };
 pub use control::ReplicaStats;
 pub use metadata::{Metadata, MAX_KEY_LEN};

@@ -59,7 +59,7 @@ use netless_pool::{Domain, DomainConfig, PoolError, Ref, SharedBuf};
 use serde::Serialize;
 
 use super::peer::{cpu_time, Peer, Stop};
-use super::{report, transfer};
+use super::{report, transfer, CommonArgs};
 
 /// Array sizes of the nested chain.
 const CHAIN_SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
@@ -84,17 +84,21 @@ const WARMUP_CALLS: u64 = 64;
 const DOMAIN: &str = "dmrpc";
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("json", |a| a.help(
+        "Write the rows (and the acceptance figures) as JSON to this file"
+    )),
+    mut_arg("plot", |a| a.help(
+        "Draw the nested-chain curves (throughput against hops, by value and by reference, \
+         per array size) to this SVG file"
+    )),
+    mut_arg("quick", |a| a.help(
+        "A few seconds instead of about a minute: short windows, one round (for tests)"
+    )),
+)]
 pub struct Args {
-    /// Write the rows (and the acceptance figures) as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Draw the nested-chain curves (throughput against hops, by value and by reference, per
-    /// array size) to this SVG file.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// A few seconds instead of about a minute: short windows, one round (for tests).
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Calls kept in flight by the closed-loop client (nested chain and load balancer).
     #[arg(long, default_value_t = 8)]
     pub in_flight: usize,
@@ -1306,8 +1310,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.in_flight == 0 || args.window_ms == Some(0) || args.rounds == Some(0) {
         bail!("--in-flight, --window-ms and --rounds must be positive");
     }
-    let window = Duration::from_millis(args.window_ms.unwrap_or(if args.quick { 20 } else { 150 }));
-    let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 6 });
+    let quick = args.common.quick;
+    let window = Duration::from_millis(args.window_ms.unwrap_or(if quick { 20 } else { 150 }));
+    let rounds = args.rounds.unwrap_or(if quick { 1 } else { 6 });
     let run_dir = RunDir::create()?;
     let cpus = match netless_shm::allowed_cpus().as_slice() {
         [a, b, ..] if !args.no_pin => Some((*a, *b)),
@@ -1340,8 +1345,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         in_flight: args.in_flight,
         window,
         warmup: (window / 5).max(Duration::from_millis(4)),
-        warmup_calls: if args.quick { 8 } else { WARMUP_CALLS },
-        warmup_cap: Duration::from_millis(if args.quick { 100 } else { 1000 }),
+        warmup_calls: if quick { 8 } else { WARMUP_CALLS },
+        warmup_cap: Duration::from_millis(if quick { 100 } else { 1000 }),
         rounds,
         runtime: tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1359,7 +1364,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         rows.extend(load_balancer(&ctx)?);
     }
     let transfer = if runs(Experiment::Transfer) {
-        let sizes: &[usize] = if args.quick {
+        let sizes: &[usize] = if quick {
             &[4 << 10, 64 << 10]
         } else {
             &[
@@ -1373,7 +1378,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 1 << 20,
             ]
         };
-        let calls = if args.quick { 100 } else { 2000 };
+        let calls = if quick { 100 } else { 2000 };
         ctx.bar.inc_length(sizes.len() as u64 * calls);
         transfer::measure(
             &ctx.exe,
@@ -1394,7 +1399,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         transfer::print(&transfer);
     }
     print_summary(&summary);
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         let doc = Doc {
             experiment: "dmrpc",
             machine: report::Machine::current(),
@@ -1405,7 +1410,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 spin_us: ctx.spin_us,
                 pinned: cpus.is_some(),
                 forward: args.forward,
-                quick: args.quick,
+                quick,
             },
             rows: &rows,
             summary: &summary,
@@ -1416,7 +1421,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.common.plot {
         plot(&rows, path)?;
         eprintln!("wrote {}", path.display());
     }

@@ -129,27 +129,24 @@ impl Socket {
     }
 
     /// Parses a socket file name; `None` for anything but a server's socket (page-pool
-    /// domain sockets `netless-domain.*.sock` included).
+    /// domain sockets `netless-domain.*.sock` included). The service is the name up to the
+    /// last `#` (or `.sock`); [`netless::replica_of`] reads the replica number.
     pub fn parse(file_name: &str) -> Option<Socket> {
         let stem = file_name.strip_suffix(".sock")?;
-        if stem.is_empty() || stem.starts_with('.') || stem.starts_with("netless-domain.") {
+        if stem.starts_with('.') || stem.starts_with("netless-domain.") {
             return None;
         }
-        let (service, replica) = match stem.rsplit_once('#') {
-            Some((service, n)) => {
-                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-                    return None;
-                }
-                (service, Some(n.parse().ok()?))
-            }
-            None => (stem, None),
-        };
-        let valid = service
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        (valid && !service.is_empty()).then(|| Socket {
+        let service = stem.rsplit_once('#').map_or(stem, |(service, _)| service);
+        let valid = !service.is_empty()
+            && service
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !valid {
+            return None;
+        }
+        Some(Socket {
             service: service.to_string(),
-            replica,
+            replica: netless::replica_of(file_name, service)?,
         })
     }
 }

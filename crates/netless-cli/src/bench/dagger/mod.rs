@@ -49,6 +49,7 @@ use serde::Serialize;
 use super::clock::Stopwatch;
 use super::peer::{Peer, Stop};
 use super::report;
+use super::CommonArgs;
 use load::{mean, Counts, Driver};
 
 /// The single-client service (one spinning worker).
@@ -86,16 +87,20 @@ const LOW_LOAD: f64 = 0.10;
 
 /// `netless bench dagger`.
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("json", |a| a.help(
+        "Write every row, the configuration and the acceptance figures as JSON to this file"
+    )),
+    mut_arg("plot", |a| a.help(
+        "Draw p50 and p99 latency against offered load, per batching setting, to this SVG file"
+    )),
+    mut_arg("quick", |a| a.help(
+        "A few seconds instead of about 1.5 min: 50 ms windows, one round, three loads (tests)"
+    )),
+)]
 pub struct Args {
-    /// Write every row, the configuration and the acceptance figures as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Draw p50 and p99 latency against offered load, per batching setting, to this SVG file.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// A few seconds instead of about 1.5 min: 50 ms windows, one round, three loads (tests).
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Calls in flight per client thread at most (each pipeline's `max_in_flight`).
     #[arg(long, default_value_t = 256)]
     pub in_flight: u32,
@@ -836,7 +841,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.in_flight < ADAPTIVE_MAX {
         bail!("--in-flight must be at least {ADAPTIVE_MAX}, the largest batch measured");
     }
-    let quick = args.quick;
+    let quick = args.common.quick;
     let window = Duration::from_millis(args.window_ms.unwrap_or(if quick { 50 } else { 400 }));
     let run_dir = RunDir::create()?;
     let cpus = match netless_shm::allowed_cpus().as_slice() {
@@ -942,7 +947,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let elapsed = started.elapsed();
     println!("\nran in {:.1} s", elapsed.as_secs_f64());
 
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         let doc = Doc {
             experiment: "dagger",
             machine: report::Machine::current(),
@@ -969,7 +974,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.common.plot {
         render::plot(path, &latency, &single, &LATENCY_SETTINGS)?;
         eprintln!("wrote {}", path.display());
     }

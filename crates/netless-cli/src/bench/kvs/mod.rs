@@ -75,6 +75,8 @@ pub mod store;
 use load::{Latency, Window, ZeroLoad};
 use store::{Calibration, ServerWindow, Stats};
 
+use super::CommonArgs;
+
 /// Connection counts of the provisioning sweep.
 pub const CONNECTIONS: [usize; 3] = [16, 128, 1024];
 /// Connections of the dispatch part and of the no-SLO baseline.
@@ -110,17 +112,19 @@ const WORKER_SPIN_US: u64 = 10_000;
 const PEER_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("json", |a| a.help(
+        "Write every load point, the summaries and the acceptance figures as JSON to this file"
+    )),
+    mut_arg("plot", |a| a.help("Draw p99 latency against offered load to this SVG file")),
+    mut_arg("quick", |a| a.help(
+        "About half a minute instead of about five: 64 Ki keys, four load points of short \
+         windows, shared and per-connection buffers only (for tests)"
+    )),
+)]
 pub struct Args {
-    /// Write every load point, the summaries and the acceptance figures as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Draw p99 latency against offered load to this SVG file.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// About half a minute instead of about five: 64 Ki keys, four load points of short
-    /// windows, shared and per-connection buffers only (for tests).
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Computation each request adds to its key-value operation, µs (see the module docs).
     #[arg(long, default_value_t = 3.0)]
     pub work_us: f64,
@@ -950,6 +954,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !(args.work_us >= 0.0 && args.work_us < 1e6) || args.window_ms == Some(0) {
         bail!("--work-us must be 0..1e6 and --window-ms positive");
     }
+    let quick = args.common.quick;
     let run_dir = RunDir::create()?;
     let cpus = match netless_shm::allowed_cpus().as_slice() {
         [a, b, ..] => Some((*a, *b)),
@@ -968,23 +973,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .to_string(),
         keys: args
             .keys
-            .unwrap_or(if args.quick { 1 << 16 } else { 1 << 20 })
+            .unwrap_or(if quick { 1 << 16 } else { 1 << 20 })
             .max(1),
         work_ns: (args.work_us * 1e3) as u64,
         cpus,
     };
-    let fractions: &[f64] = if args.quick {
-        &QUICK_FRACTIONS
-    } else {
-        &FRACTIONS
-    };
-    let window =
-        Duration::from_millis(args.window_ms.unwrap_or(if args.quick { 120 } else { 250 }));
-    let repeats = args
-        .repeats
-        .unwrap_or(if args.quick { 1 } else { 4 })
-        .max(1);
-    let plan = Config::plan(args.quick);
+    let fractions: &[f64] = if quick { &QUICK_FRACTIONS } else { &FRACTIONS };
+    let window = Duration::from_millis(args.window_ms.unwrap_or(if quick { 120 } else { 250 }));
+    let repeats = args.repeats.unwrap_or(if quick { 1 } else { 4 }).max(1);
+    let plan = Config::plan(quick);
     let started = Instant::now();
     eprintln!(
         "bench kvs: {} keys, {} µs of work per request, {} configurations × {} load points",
@@ -993,7 +990,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         plan.len(),
         fractions.len()
     );
-    let base = baseline(&ctx, args.quick, args.work_us)?;
+    let base = baseline(&ctx, quick, args.work_us)?;
     render::print_baseline(&base);
     let bar = indicatif::ProgressBar::new((plan.len() * fractions.len()) as u64);
     bar.set_style(
@@ -1021,11 +1018,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         super::report::Machine::current().cpu_model,
         started.elapsed().as_secs_f64()
     );
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         render::write_json(path, &base, &rows, &summaries, &acceptance)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.common.plot {
         render::plot(&rows, &base, path).with_context(|| format!("drawing {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
