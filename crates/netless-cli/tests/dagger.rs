@@ -129,7 +129,8 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
                 row["unsent"].as_u64().unwrap(),
             );
             assert!(scheduled > 0 && unsent <= scheduled, "{row}");
-            if unsent > 0 {
+            // The bench's rule: more than 0.1% of the arrivals left unsent is saturation.
+            if unsent * 1000 > scheduled {
                 assert_eq!(row["saturated"], true, "{row}");
             }
             if row["calls"].as_u64().unwrap() > 0 {

@@ -7,12 +7,15 @@
 //! (`netless ctl SERVICE set batch=N batch_mode=fixed|adaptive`), read on every submit:
 //!
 //! - `fixed`: a batch is published when it holds `batch` requests (or on `flush`/`wait`);
-//! - `adaptive` (default): the batch target follows the load, one thirty-second of the requests
-//!   already published and not yet answered, between 1 and `batch`. With nothing
-//!   outstanding every request goes at once (the latency of no batching); a full window of
-//!   256 calls makes batches of 8 (the throughput of batching). The load signal is the
-//!   pipeline's own count, so choosing costs no shared-memory read; a waiting batch goes out
-//!   from `poll` as soon as replies bring the target down to it.
+//! - `adaptive` (default): a request goes out at once when the server has none of ours
+//!   outstanding, so at low load there is no batching and no added latency. Otherwise it
+//!   joins the open batch, which goes out when it holds `batch`, or at the caller's next
+//!   `poll` once it holds an eighth of the requests the server still has of ours, or at
+//!   `wait`/`flush`. A batch thus holds what the caller submitted while the server was busy
+//!   (a caller behind its arrivals submits many between polls), and a caller keeping a deep
+//!   window sends full batches even when it polls after every submit; a batch left short
+//!   goes out as replies bring that eighth down to it. This is Nagle's rule with the
+//!   caller's own poll for the acknowledgement: no timer, and no shared-memory read.
 //!
 //! ```no_run
 //! let mut pipe = netless::Pipeline::connect("demo.Echo", netless::ClientConfig::default())?;
@@ -72,6 +75,8 @@ pub struct Pipeline {
     /// Batches published, and requests in them.
     batches: u64,
     batched: u64,
+    /// Requests in the last batch published (an adaptive batch claims room for twice that).
+    last_batch: u32,
 }
 
 impl Pipeline {
@@ -92,6 +97,7 @@ impl Pipeline {
             max_run_bytes,
             batches: 0,
             batched: 0,
+            last_batch: 1,
         })
     }
 
@@ -147,10 +153,16 @@ impl Pipeline {
             self.publish();
         }
         if self.staged.is_none() {
-            // Room for the batch this one will most likely end: the whole batch when fixed,
-            // the load-driven target when adaptive (at low load, this request alone).
+            // Room for the batch this one will most likely end: the whole batch when fixed;
+            // when adaptive, this request alone if the server has none of ours (low load),
+            // else twice the last batch (each slot claimed costs a CAS, so not `batch`
+            // blindly, but a batch that filled its room may grow quickly).
             let room = if adaptive {
-                self.adaptive_target(batch_max)
+                if self.in_flight == 0 {
+                    1
+                } else {
+                    self.last_batch.saturating_mul(2).clamp(1, batch_max)
+                }
             } else {
                 batch_max
             };
@@ -201,8 +213,9 @@ impl Pipeline {
         staged.count += 1;
         self.in_flight += 1;
         let count = staged.count;
-        let full = count >= batch_max;
-        if full || (adaptive && count >= self.adaptive_target(batch_max)) {
+        // Adaptive: at once if the server has none of our earlier requests.
+        let server_idle = self.in_flight == count;
+        if count >= batch_max || (adaptive && server_idle) {
             self.publish();
         }
         Ok(call_id)
@@ -215,8 +228,7 @@ impl Pipeline {
     }
 
     /// Delivers every reply that has arrived to `on_reply(call_id, reply)`, without waiting,
-    /// and returns how many. With adaptive batching it also publishes a waiting batch once
-    /// the server has caught up. `Err` only when the connection is gone or the server wrote
+    /// and returns how many. With adaptive batching it first publishes the batch waiting. `Err` only when the connection is gone or the server wrote
     /// garbage (the connection is then closed); outstanding calls are lost with it.
     pub fn poll(
         &mut self,
@@ -229,11 +241,15 @@ impl Pipeline {
             delivered += 1;
         }
         if let Some(staged) = &self.staged {
-            let ctrl = self.client.shared().replica.server_control();
-            let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
-            if ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE
-                && staged.count >= self.adaptive_target(batch_max)
-            {
+            let adaptive = self
+                .client
+                .shared()
+                .replica
+                .server_control()
+                .batch_mode
+                .load(Ordering::Relaxed)
+                == batch_mode::ADAPTIVE;
+            if adaptive && staged.count >= self.adaptive_target() {
                 self.publish();
             }
         }
@@ -336,6 +352,15 @@ impl Pipeline {
         ready.map_err(|_| Status::deadline_exceeded("no reply arrived within the timeout"))
     }
 
+    /// The adaptive batch a poll publishes at: an eighth of the requests the server has of
+    /// ours (published, not answered), at least 1. A caller keeping many calls in flight thus
+    /// sends them in batches of up to `batch` even if it polls after every submit, and a
+    /// batch left short goes out as replies bring the target down to it.
+    fn adaptive_target(&self) -> u32 {
+        let staged = self.staged.as_ref().map_or(0, |s| s.count);
+        ((self.in_flight - staged) / 8).max(1)
+    }
+
     /// Frees the slot of a call that has its outcome (a duplicate reply then finds it idle).
     fn complete(&mut self, call_id: u64) {
         let index = (call_id & 0xffff_ffff) as usize;
@@ -346,13 +371,6 @@ impl Pipeline {
                 self.in_flight = self.in_flight.saturating_sub(1);
             }
         }
-    }
-
-    /// The adaptive batch target: a thirty-second of the requests published and not yet
-    /// answered, within 1..=`batch_max`.
-    fn adaptive_target(&self, batch_max: u32) -> u32 {
-        let staged = self.staged.as_ref().map_or(0, |s| s.count);
-        ((self.in_flight - staged) / 32).clamp(1, batch_max)
     }
 
     /// Claims a run for a new batch: room for `batch_max` requests like this one if the
@@ -424,6 +442,7 @@ impl Pipeline {
                 netless_ring::ring(q.doorbell);
                 self.batches += 1;
                 self.batched += u64::from(staged.count);
+                self.last_batch = staged.count;
             }
             Err(e) => {
                 shared.lease.unclaim(table, staged.start, used);

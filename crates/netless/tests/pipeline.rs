@@ -109,12 +109,18 @@ fn pipelined_calls_are_matched_by_id_and_batched_as_the_registers_say() {
     // Every pipelined call counted once, plus the `set batch=1` call in between.
     assert_eq!(after1.calls - before.calls, 6000 + 1);
 
-    // Adaptive: whatever the load, every call is answered.
+    // Adaptive: whatever the load, every call is answered. One call at a time finds the
+    // server idle and goes alone (no batching latency); a deep window batches.
     set(&control, "batch_mode=adaptive");
     set(&control, "batch=32");
+    let alone = run(&mut pipe, 200, 1);
     let adaptive = run(&mut pipe, 3000, 64);
-    eprintln!("adaptive mean batch {adaptive:.2}");
-    assert!((1.0..=32.0).contains(&adaptive));
+    eprintln!("adaptive mean batch: window 1 → {alone:.2}, window 64 → {adaptive:.2}");
+    assert_eq!(alone, 1.0);
+    assert!(
+        (1.5..=32.0).contains(&adaptive),
+        "adaptive batches of {adaptive:.2} with 64 in flight"
+    );
 
     // A request too large for one run is refused with a clear error, not a hang.
     let big = vec![0u8; 200_000];
