@@ -253,8 +253,15 @@ impl Pipeline {
                 self.publish();
             }
         }
-        // A handle of our own, so `shared` does not borrow `self` (an Arc clone per poll).
-        let client = self.client.clone();
+        // Borrowed field by field, so `shared` and the call bookkeeping coexist.
+        let Pipeline {
+            client,
+            slots,
+            free,
+            in_flight,
+            partial,
+            ..
+        } = self;
         let shared = client.shared();
         let corrupt = |what: &str| {
             Status::internal(format!(
@@ -278,7 +285,7 @@ impl Pipeline {
             let body = record.body();
             let parsed = parse_response(body, shared.config.max_message).and_then(|parsed| {
                 let id = parsed.0.call_id;
-                let live = self.slots.get((id & 0xffff_ffff) as usize)
+                let live = slots.get((id & 0xffff_ffff) as usize)
                     == Some(&((id >> 32) as u32 | BUSY));
                 live.then_some(parsed).ok_or("a reply to no call in flight")
             });
@@ -294,7 +301,7 @@ impl Pipeline {
             let bytes: &[u8] = if h.frag_len == h.body_len {
                 fragment
             } else {
-                let buf = self.partial.entry(h.call_id).or_default();
+                let buf = partial.entry(h.call_id).or_default();
                 if h.frag_offset as usize != buf.len() {
                     let status = corrupt("response fragments out of order");
                     shared.fail(status.clone());
@@ -305,7 +312,7 @@ impl Pipeline {
                     record.release();
                     continue;
                 }
-                whole = self.partial.remove(&h.call_id).unwrap_or_default();
+                whole = partial.remove(&h.call_id).unwrap_or_default();
                 &whole
             };
             let md_end = h.metadata_len as usize;
@@ -316,7 +323,7 @@ impl Pipeline {
             };
             on_reply(h.call_id, outcome);
             record.release();
-            self.complete(h.call_id);
+            complete(slots, free, in_flight, h.call_id);
             delivered += 1;
         }
         drop(consumer);
@@ -363,14 +370,7 @@ impl Pipeline {
 
     /// Frees the slot of a call that has its outcome (a duplicate reply then finds it idle).
     fn complete(&mut self, call_id: u64) {
-        let index = (call_id & 0xffff_ffff) as usize;
-        if let Some(slot) = self.slots.get_mut(index) {
-            if *slot & BUSY != 0 {
-                *slot &= !BUSY;
-                self.free.push(index as u32);
-                self.in_flight = self.in_flight.saturating_sub(1);
-            }
-        }
+        complete(&mut self.slots, &mut self.free, &mut self.in_flight, call_id);
     }
 
     /// Claims a run for a new batch: room for `batch_max` requests like this one if the
@@ -465,6 +465,18 @@ impl Pipeline {
                     offset = align64(offset + HEADER_LEN + h.frag_len as usize);
                 }
             }
+        }
+    }
+}
+
+/// [`Pipeline::complete`] on the fields it touches (for loops that also borrow the client).
+fn complete(slots: &mut [u32], free: &mut Vec<u32>, in_flight: &mut u32, call_id: u64) {
+    let index = (call_id & 0xffff_ffff) as usize;
+    if let Some(slot) = slots.get_mut(index) {
+        if *slot & BUSY != 0 {
+            *slot &= !BUSY;
+            free.push(index as u32);
+            *in_flight = in_flight.saturating_sub(1);
         }
     }
 }
