@@ -285,8 +285,8 @@ impl Pipeline {
             let body = record.body();
             let parsed = parse_response(body, shared.config.max_message).and_then(|parsed| {
                 let id = parsed.0.call_id;
-                let live = slots.get((id & 0xffff_ffff) as usize)
-                    == Some(&((id >> 32) as u32 | BUSY));
+                let live =
+                    slots.get((id & 0xffff_ffff) as usize) == Some(&((id >> 32) as u32 | BUSY));
                 live.then_some(parsed).ok_or("a reply to no call in flight")
             });
             let (h, code, fragment) = match parsed {
@@ -370,7 +370,12 @@ impl Pipeline {
 
     /// Frees the slot of a call that has its outcome (a duplicate reply then finds it idle).
     fn complete(&mut self, call_id: u64) {
-        complete(&mut self.slots, &mut self.free, &mut self.in_flight, call_id);
+        complete(
+            &mut self.slots,
+            &mut self.free,
+            &mut self.in_flight,
+            call_id,
+        );
     }
 
     /// Claims a run for a new batch: room for `batch_max` requests like this one if the
