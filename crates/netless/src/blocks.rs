@@ -181,8 +181,25 @@ impl BlockLease {
         if count == 0 || count > n || (first + n) as usize > table.len() {
             return None;
         }
-        // Untrusted hint: clamp it into the partition.
-        let mut at = head.load(Ordering::Relaxed).wrapping_sub(first) % n;
+        // Untrusted hint: clamp it into the partition (dividing only when it is outside).
+        let mut at = head.load(Ordering::Relaxed).wrapping_sub(first);
+        if at >= n {
+            at %= n;
+        }
+        let next = |at: u32| {
+            if at + count >= n {
+                at + count - n
+            } else {
+                at + count
+            }
+        };
+        // The run at the head is usually free (the server frees runs in the order they were
+        // taken): CAS it straight away. Loading its words first would fetch their line
+        // shared, and each CAS would then need a second trip to own it.
+        if at + count <= n && self.try_take(table, first + at, count) {
+            head.store(first + next(at), Ordering::Relaxed);
+            return Some(first + at);
+        }
         let mut scanned = 0u32;
         while scanned < n {
             if at + count > n {
@@ -195,7 +212,7 @@ impl BlockLease {
                 .find(|&k| table[(first + at + k) as usize].load(Ordering::Relaxed) != FREE);
             match busy {
                 None if self.try_take(table, first + at, count) => {
-                    head.store(first + (at + count) % n, Ordering::Relaxed);
+                    head.store(first + next(at), Ordering::Relaxed);
                     return Some(first + at);
                 }
                 None => {
