@@ -59,7 +59,7 @@ use netless_pool::{Domain, DomainConfig, PoolError, Ref, SharedBuf};
 use serde::Serialize;
 
 use super::peer::{cpu_time, Peer, Stop};
-use super::{report, transfer, CommonArgs};
+use super::{report, transfer, CommonArgs, RunDir};
 
 /// Array sizes of the nested chain.
 const CHAIN_SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
@@ -959,31 +959,6 @@ fn order(round: u32) -> [usize; 2] {
     }
 }
 
-/// This run's socket directory (services and domain), removed on drop.
-struct RunDir {
-    path: PathBuf,
-}
-
-impl RunDir {
-    fn create() -> anyhow::Result<RunDir> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let base = netless_shm::socket_dir()?;
-        let path = base.join(format!("dmrpc-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        Ok(RunDir { path })
-    }
-}
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
 /// What every experiment needs.
 struct Ctx {
     exe: PathBuf,
@@ -1313,7 +1288,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let quick = args.common.quick;
     let window = Duration::from_millis(args.window_ms.unwrap_or(if quick { 20 } else { 150 }));
     let rounds = args.rounds.unwrap_or(if quick { 1 } else { 6 });
-    let run_dir = RunDir::create()?;
+    let run_dir = RunDir::create("dmrpc")?;
     let cpus = match netless_shm::allowed_cpus().as_slice() {
         [a, b, ..] if !args.no_pin => Some((*a, *b)),
         _ => None,

@@ -42,6 +42,32 @@ pub struct CommonArgs {
     pub quick: bool,
 }
 
+/// A benchmark run's private socket directory (mode 0700, under the user's netless socket
+/// directory, named `TAG-PID`), removed on drop. Short: socket paths must fit in 108 bytes.
+pub(crate) struct RunDir {
+    pub path: PathBuf,
+}
+
+impl RunDir {
+    pub(crate) fn create(tag: &str) -> anyhow::Result<RunDir> {
+        use anyhow::Context as _;
+        use std::os::unix::fs::DirBuilderExt as _;
+        let path = netless_shm::socket_dir()?.join(format!("{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        Ok(RunDir { path })
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Args;

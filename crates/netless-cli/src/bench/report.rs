@@ -309,6 +309,41 @@ fn write_string(path: &Path, json: &str) -> std::io::Result<()> {
     file.sync_all()
 }
 
+/// An aligned table (header, a rule, the rows): the first column left-aligned, the others
+/// right-aligned, two spaces apart; widths count characters, not bytes.
+pub fn aligned_table(header: &[String], body: &[Vec<String>]) -> String {
+    let width = |s: &str| s.chars().count();
+    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
+    for line in body {
+        for (w, cell) in widths.iter_mut().zip(line) {
+            *w = (*w).max(width(cell));
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            let pad = " ".repeat(w - width(cell));
+            if i == 0 {
+                out.push_str(cell);
+                out.push_str(&pad);
+            } else {
+                out.push_str("  ");
+                out.push_str(&pad);
+                out.push_str(cell);
+            }
+        }
+        out.trim_end().to_string()
+    };
+    let mut out = line(header);
+    out.push('\n');
+    out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
+    for cells in body {
+        out.push('\n');
+        out.push_str(&line(cells));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,7 +49,7 @@ use serde::Serialize;
 use super::clock::Stopwatch;
 use super::peer::{Peer, Stop};
 use super::report;
-use super::CommonArgs;
+use super::{CommonArgs, RunDir};
 use load::{mean, Counts, Driver};
 
 /// The single-client service (one spinning worker).
@@ -364,30 +364,6 @@ struct Doc<'a> {
 
 // ----------------------------------------------------------------------------------------
 // Orchestration.
-
-/// This run's socket directory, removed on drop.
-struct RunDir {
-    path: PathBuf,
-}
-
-impl RunDir {
-    fn create() -> anyhow::Result<RunDir> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let path = netless_shm::socket_dir()?.join(format!("dagger-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        Ok(RunDir { path })
-    }
-}
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
 
 /// What every experiment needs.
 struct Ctx {
@@ -843,7 +819,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let quick = args.common.quick;
     let window = Duration::from_millis(args.window_ms.unwrap_or(if quick { 50 } else { 400 }));
-    let run_dir = RunDir::create()?;
+    let run_dir = RunDir::create("dagger")?;
     let cpus = match netless_shm::allowed_cpus().as_slice() {
         [a, b, ..] if !args.no_pin => Some((*a, *b)),
         _ => None,

@@ -4,42 +4,8 @@
 
 use std::path::Path;
 
-use super::super::report::fmt_us;
+use super::super::report::{aligned_table, fmt_us};
 use super::{Acceptance, LatencyRow, Setting, ThroughputRow, BEYOND_PEAK};
-
-/// An aligned table: the first column left-aligned, the others right-aligned.
-fn table(header: &[String], body: &[Vec<String>]) -> String {
-    let width = |s: &str| s.chars().count();
-    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
-    for line in body {
-        for (w, cell) in widths.iter_mut().zip(line) {
-            *w = (*w).max(width(cell));
-        }
-    }
-    let line = |cells: &[String]| {
-        let mut out = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            let pad = " ".repeat(w - width(cell));
-            if i == 0 {
-                out.push_str(cell);
-                out.push_str(&pad);
-            } else {
-                out.push_str("  ");
-                out.push_str(&pad);
-                out.push_str(cell);
-            }
-        }
-        out.trim_end().to_string()
-    };
-    let mut out = line(header);
-    out.push('\n');
-    out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
-    for cells in body {
-        out.push('\n');
-        out.push_str(&line(cells));
-    }
-    out
-}
 
 fn strings(xs: &[&str]) -> Vec<String> {
     xs.iter().map(|s| s.to_string()).collect()
@@ -83,7 +49,7 @@ pub(super) fn print_throughput(title: &str, rows: &[ThroughputRow]) {
     ]);
     println!();
     println!("{title}");
-    println!("{}", table(&header, &body));
+    println!("{}", aligned_table(&header, &body));
 }
 
 /// Prints the latency sweep as one line per offered load, the settings side by side.
@@ -157,7 +123,7 @@ pub(super) fn print_latency(
         "Fig. 6 (left): latency (µs) against offered load, open loop (Poisson arrivals), scheduled send → reply; load = fraction of the best peak, {:.2} Mrps",
         peak / 1e6
     );
-    println!("{}", table(&header, &body));
+    println!("{}", aligned_table(&header, &body));
     println!(
         "  * saturated (arrivals left unsent or < 90% achieved); - not run (offered > {BEYOND_PEAK} × the setting's peak). Peaks, Mrps: {}.\n  preempted c/s: involuntary context switches of the client thread / the server; steal ms: CPU time the hypervisor gave other guests (both CPUs); over all windows of the load",
         peaks.join(", ")
@@ -306,7 +272,7 @@ mod tests {
 
     #[test]
     fn tables_align() {
-        let t = table(
+        let t = aligned_table(
             &strings(&["setting", "Mrps"]),
             &[
                 strings(&["B=1", "1.00"]),

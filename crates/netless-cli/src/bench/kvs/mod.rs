@@ -75,7 +75,7 @@ pub mod store;
 use load::{Latency, Window, ZeroLoad};
 use store::{Calibration, ServerWindow, Stats};
 
-use super::CommonArgs;
+use super::{CommonArgs, RunDir};
 
 /// Connection counts of the provisioning sweep.
 pub const CONNECTIONS: [usize; 3] = [16, 128, 1024];
@@ -443,30 +443,6 @@ fn steal_ms(cpu: usize) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     ticks as f64 * 1000.0 / rustix::param::clock_ticks_per_second().max(1) as f64
-}
-
-/// This run's socket directory, removed on drop. Short: socket paths must fit in 108 bytes.
-struct RunDir {
-    path: PathBuf,
-}
-
-impl RunDir {
-    fn create() -> anyhow::Result<RunDir> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let path = netless_shm::socket_dir()?.join(format!("kvs-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        Ok(RunDir { path })
-    }
-}
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
 }
 
 /// What was measured before the sweep, and the settings derived from it.
@@ -955,7 +931,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--work-us must be 0..1e6 and --window-ms positive");
     }
     let quick = args.common.quick;
-    let run_dir = RunDir::create()?;
+    let run_dir = RunDir::create("kvs")?;
     let cpus = match netless_shm::allowed_cpus().as_slice() {
         [a, b, ..] => Some((*a, *b)),
         _ => None,

@@ -6,45 +6,12 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{Baseline, Row, Summary, CONNECTIONS};
-use crate::bench::report::{fmt_bytes, fmt_us, Machine};
+use crate::bench::report::{aligned_table, fmt_bytes, fmt_us, Machine};
 
 /// Prints an aligned table: a title, a header, a rule and the rows (first column left).
 fn print_table(title: &str, header: &[&str], body: &[Vec<String>]) {
-    let width = |s: &str| s.chars().count();
-    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
-    for line in body {
-        for (w, cell) in widths.iter_mut().zip(line) {
-            *w = (*w).max(width(cell));
-        }
-    }
-    let render = |cells: &[String]| -> String {
-        let mut out = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            let pad = " ".repeat(w - width(cell));
-            if i == 0 {
-                out.push_str(cell);
-                out.push_str(&pad);
-            } else {
-                out.push_str("  ");
-                out.push_str(&pad);
-                out.push_str(cell);
-            }
-        }
-        out.trim_end().to_string()
-    };
-    println!("{title}");
-    println!(
-        "{}",
-        render(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>())
-    );
-    println!(
-        "{}",
-        "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1))
-    );
-    for line in body {
-        println!("{}", render(line));
-    }
-    println!();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    println!("{title}\n{}\n", aligned_table(&header, body));
 }
 
 fn pct(x: f64) -> String {
