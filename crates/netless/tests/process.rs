@@ -458,6 +458,23 @@ fn client_killed_server_reclaims_and_keeps_serving() {
     );
 }
 
+/// Runs a child in `role` to its end and returns what it printed; panics if it failed.
+fn run_child(role: &str, dir: &TestDir, service: &str) -> String {
+    let mut child = spawn_role("child_process_entry", role, dir.path(), service);
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "{role} child failed: {out}"
+    );
+    out
+}
+
 #[test]
 fn garbage_from_a_client_costs_only_its_connection() {
     let dir = TestDir::new("garbage-client");
@@ -486,15 +503,7 @@ fn garbage_from_a_client_costs_only_its_connection() {
         "fault-bad-kind",
     ];
     for role in attributable.iter().chain(["fault-garbage-queue"].iter()) {
-        let mut child = spawn_role("child_process_entry", role, dir.path(), "test.Garbage");
-        let mut out = String::new();
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
-        assert!(child.wait().unwrap().success(), "{role} child failed");
+        let out = run_child(role, &dir, "test.Garbage");
         if attributable.contains(role) {
             assert!(
                 out.contains("CLOSED=true"),
@@ -538,20 +547,7 @@ fn a_rewound_queue_head_refuses_calls_only_briefly() {
     for _ in 0..4 * limit {
         honest.call("Echo", b"x", &CallOptions::new()).unwrap();
     }
-    let mut child = spawn_role(
-        "child_process_entry",
-        "fault-stale-head",
-        dir.path(),
-        "test.StaleHead",
-    );
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "fault child failed: {out}");
+    run_child("fault-stale-head", &dir, "test.StaleHead");
     let start = Instant::now();
     let mut refused = 0;
     loop {

@@ -372,14 +372,19 @@ impl Generator {
             let mut rng = Rng(conn as u64);
             let due = netless_shm::monotonic_ns();
             self.send_on(conn, &mut rng, due, true, &mut acc);
-            let deadline = Instant::now() + DRAIN;
-            while !self.active.is_empty() && Instant::now() < deadline {
-                self.poll(usize::MAX, &mut acc);
-            }
+            self.drain(&mut acc);
         }
         ZeroLoad {
             failed: acc.sent - acc.accepted,
             latency: Latency::of(&acc.latency),
+        }
+    }
+
+    /// Polls until every call in flight is answered, or `DRAIN` has passed.
+    fn drain(&mut self, acc: &mut Acc) {
+        let deadline = Instant::now() + DRAIN;
+        while !self.active.is_empty() && Instant::now() < deadline {
+            self.poll(usize::MAX, acc);
         }
     }
 
@@ -390,10 +395,7 @@ impl Generator {
         for _ in 0..n {
             let due = netless_shm::monotonic_ns();
             self.send(&mut rng, due, true, &mut acc);
-            let deadline = Instant::now() + DRAIN;
-            while !self.active.is_empty() && Instant::now() < deadline {
-                self.poll(usize::MAX, &mut acc);
-            }
+            self.drain(&mut acc);
         }
         ZeroLoad {
             failed: acc.sent - acc.accepted,
@@ -428,10 +430,7 @@ impl Generator {
             }
             self.poll(POLL_SLICE, &mut acc);
         }
-        let deadline = Instant::now() + DRAIN;
-        while !self.active.is_empty() && Instant::now() < deadline {
-            self.poll(usize::MAX, &mut acc);
-        }
+        self.drain(&mut acc);
         let unanswered = self.in_flight();
         if unanswered > 0 {
             // Unanswered after the drain: counted as failed (the benchmark reports them).
