@@ -17,6 +17,7 @@ pub mod echo;
 pub mod floor;
 pub mod grpc;
 pub mod grpc_http2;
+pub mod h2load;
 pub mod kvs;
 pub mod peer;
 pub mod proto;

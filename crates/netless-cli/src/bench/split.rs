@@ -6,12 +6,14 @@
 //! - **split**: by `netless gateway` pinned to the other core (HTTP/2, TLS-less here)
 //!   forwarding over netless to a business-logic process (`GrpcServer`) on the host core.
 //!
-//! A closed-loop tonic client over TCP keeps `--in-flight` calls outstanding against each in
-//! turn (interleaved per point), for a ~1 KiB and a ~48 KiB message. On a 2-core machine the
-//! client must share a core: it is pinned to the gateway's core in both setups (in the paper
-//! it is another machine), which handicaps the split. Each point reports
-//! throughput, p50/p90/p99 latency, and the CPU each process used (from /proc). The knee is
-//! the first W whose throughput falls below 80% of the best throughput at smaller W.
+//! A closed-loop gRPC client over TCP keeps `--in-flight` calls outstanding against each in
+//! turn (interleaved per point), for a ~1 KiB and a ~48 KiB message. In the paper the client
+//! is another machine; on a 2-core machine it must share a core: it is pinned to the
+//! gateway's core in both setups, which handicaps the split. So that it takes as little of
+//! that core as it can, it is the lean `h2load` generator (h2 directly, one thread, the
+//! request encoded once), not a tonic client. Each point reports throughput, p50/p90/p99
+//! latency, and the CPU each process used (from /proc). The knee is the first W whose
+//! throughput falls below 80% of the best throughput at smaller W.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -21,13 +23,18 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use tonic::{Request, Response, Status};
 
+use http::HeaderValue;
+use prost::Message as _;
+
+use super::h2load::{H2Client, UnaryCall};
 use super::peer::{cpu_time, spawn_gateway, Peer, Stop};
-use super::proto::{Echo, EchoClient, EchoReply, EchoRequest, EchoServer};
+use super::proto::{Echo, EchoReply, EchoRequest, EchoServer};
 use super::report;
 
 const WORK_US: [u64; 7] = [0, 1, 2, 5, 10, 20, 50];
 const SIZES: [usize; 2] = [1024, 48 * 1024];
 const SERVICE: &str = "netless.bench.Echo";
+const ECHO_PATH: &str = "/netless.bench.Echo/Echo";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -43,6 +50,12 @@ pub struct Args {
     /// Draw throughput against business-logic time to this SVG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Business-logic times to measure, in µs (default: the paper's 0,1,2,5,10,20,50).
+    #[arg(long, value_delimiter = ',', default_values_t = WORK_US)]
+    pub work_us: Vec<u64>,
+    /// Message sizes to measure, in bytes (default: ~1 KiB and ~48 KiB).
+    #[arg(long, value_delimiter = ',', default_values_t = SIZES)]
+    pub sizes: Vec<usize>,
 }
 
 /// Echo whose business logic spins for `x-work-ns` nanoseconds.
@@ -128,11 +141,7 @@ pub fn serve_logic(pin_cpu: Option<usize>) -> anyhow::Result<()> {
 }
 
 /// A setup under test: its name, the client that reaches it, and its processes (by name).
-type Setup<'a> = (
-    &'static str,
-    &'a EchoClient<tonic::transport::Channel>,
-    Vec<(String, u32)>,
-);
+type Setup<'a> = (&'static str, &'a H2Client, Vec<(String, u32)>);
 
 /// One measured point.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -151,9 +160,8 @@ struct Point {
 
 /// Runs the closed loop for `duration` against `client`, after a warm-up.
 async fn closed_loop(
-    client: &EchoClient<tonic::transport::Channel>,
-    payload: &[u8],
-    work_us: u64,
+    client: &H2Client,
+    call: &UnaryCall,
     in_flight: usize,
     duration: Duration,
     pids: &[(String, u32)],
@@ -161,26 +169,19 @@ async fn closed_loop(
     let run = |window: Duration| {
         let tasks: Vec<_> = (0..in_flight)
             .map(|_| {
-                let mut client = client.clone();
-                let payload = payload.to_vec();
+                let client = client.clone();
+                let call = call.clone();
                 tokio::spawn(async move {
                     let mut hist = report::new_histogram();
                     let mut calls = 0u64;
                     let end = Instant::now() + window;
                     while Instant::now() < end {
-                        let mut request = Request::new(EchoRequest {
-                            payload: payload.clone(),
-                        });
-                        request.metadata_mut().insert(
-                            "x-work-ns",
-                            (work_us * 1000).to_string().parse().expect("digits"),
-                        );
                         let started = Instant::now();
-                        client.echo(request).await?;
+                        client.unary(&call).await?;
                         hist.saturating_record(started.elapsed().as_nanos() as u64);
                         calls += 1;
                     }
-                    Ok::<_, tonic::Status>((calls, hist))
+                    Ok::<_, anyhow::Error>((calls, hist))
                 })
             })
             .collect();
@@ -218,6 +219,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.in_flight == 0 || args.duration_ms == 0 {
         bail!("--in-flight and --duration-ms must be positive");
     }
+    if args.work_us.is_empty() || args.sizes.is_empty() {
+        bail!("--work-us and --sizes need at least one value each");
+    }
     let exe = crate::self_exe()?;
     let cpus = netless_shm::allowed_cpus();
     let (gateway_cpu, logic_cpu) = match cpus.as_slice() {
@@ -243,23 +247,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(cpu) = gateway_cpu {
         netless_shm::pin_current_thread(cpu)?;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // One thread: the generator's streams and its connection tasks wake each other without
+    // crossing threads.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let connect = |addr: String| {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map(|e| e.tcp_nodelay(true));
-        async move {
-            Ok::<_, anyhow::Error>(
-                EchoClient::new(endpoint?.connect().await?)
-                    .max_decoding_message_size(usize::MAX)
-                    .max_encoding_message_size(usize::MAX),
-            )
-        }
-    };
-    let baseline_client = runtime.block_on(connect(baseline_addr))?;
-    let split_client = runtime.block_on(connect(gateway_addr))?;
+    let baseline_client = runtime.block_on(H2Client::connect(&baseline_addr))?;
+    let split_client = runtime.block_on(H2Client::connect(&gateway_addr))?;
     let duration = Duration::from_millis(args.duration_ms);
     let setups: [Setup<'_>; 2] = [
         (
@@ -277,25 +271,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ],
         ),
     ];
-    let total = (SIZES.len() * WORK_US.len() * setups.len()) as u64;
+    let total = (args.sizes.len() * args.work_us.len() * setups.len()) as u64;
     let bar = indicatif::ProgressBar::new(total).with_message("bench split");
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} points, {eta} left")
             .expect("valid template"),
     );
     let mut points = Vec::new();
-    for &size in &SIZES {
-        let payload = vec![0x5au8; size];
-        for &work in &WORK_US {
+    for &size in &args.sizes {
+        let message = EchoRequest {
+            payload: vec![0x5a; size],
+        }
+        .encode_to_vec();
+        for &work in &args.work_us {
+            // The reply carries the same bytes in the same field: the same length.
+            let call = UnaryCall::new(ECHO_PATH, &message, message.len())
+                .header("x-work-ns", HeaderValue::from(work * 1000));
             for (setup, client, pids) in &setups {
-                let (calls, rate, hist, cpu) = runtime.block_on(closed_loop(
-                    client,
-                    &payload,
-                    work,
-                    args.in_flight,
-                    duration,
-                    pids,
-                ))?;
+                let (calls, rate, hist, cpu) =
+                    runtime.block_on(closed_loop(client, &call, args.in_flight, duration, pids))?;
                 let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
                 points.push(Point {
                     setup,
@@ -313,7 +307,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
-    print_table(&points, args.in_flight);
+    print_table(&points, args.in_flight, &args.sizes);
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "experiment": "split",
@@ -326,7 +320,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
-        plot(&points, path)?;
+        plot(&points, path, &args.sizes)?;
         eprintln!("wrote {}", path.display());
     }
     drop((baseline, logic, gateway));
@@ -345,14 +339,13 @@ fn knee(points: &[&Point]) -> Option<u64> {
     None
 }
 
-fn print_table(points: &[Point], in_flight: usize) {
+fn print_table(points: &[Point], in_flight: usize, sizes: &[usize]) {
     println!(
         "netless bench split: business logic of W µs, {in_flight} calls in flight (closed loop)"
     );
-    println!("baseline: one tonic process does HTTP/2 and the logic (both cores);");
-    println!(
-        "split: netless gateway (core A) → netless → logic process (core B); client on core B"
-    );
+    println!("baseline: one tonic process does HTTP/2 and the logic (core B);");
+    println!("split: netless gateway (core A) → netless → logic process (core B);");
+    println!("the load generator (h2, one thread) runs on core A in both");
     println!();
     println!(
         "{:>8} {:>6} {:>9} {:>11} {:>9} {:>9} {:>9}  cpu % of a core",
@@ -377,7 +370,7 @@ fn print_table(points: &[Point], in_flight: usize) {
         );
     }
     println!();
-    for &size in &SIZES {
+    for &size in sizes {
         for setup in ["baseline", "split"] {
             let series: Vec<&Point> = points
                 .iter()
@@ -391,7 +384,7 @@ fn print_table(points: &[Point], in_flight: usize) {
                 None => println!(
                     "knee ({}, {setup}): none up to {} µs",
                     report::fmt_bytes(size),
-                    WORK_US[WORK_US.len() - 1]
+                    series.last().map_or(0, |p| p.work_us)
                 ),
             }
         }
@@ -411,18 +404,19 @@ fn print_table(points: &[Point], in_flight: usize) {
     }
 }
 
-fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
+fn plot(points: &[Point], path: &Path, sizes: &[usize]) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
-    let panels = root.split_evenly((1, SIZES.len()));
-    for (panel, &size) in panels.iter().zip(&SIZES) {
+    let panels = root.split_evenly((1, sizes.len()));
+    for (panel, &size) in panels.iter().zip(sizes) {
         let mine: Vec<&Point> = points.iter().filter(|p| p.payload_bytes == size).collect();
         let top = mine
             .iter()
             .map(|p| p.throughput_calls_per_s)
             .fold(1.0, f64::max)
             * 1.1;
+        let right = mine.iter().map(|p| p.work_us as f64).fold(1.0, f64::max) * 1.04;
         let mut chart = ChartBuilder::on(panel)
             .caption(
                 format!("{} message", report::fmt_bytes(size)),
@@ -431,7 +425,7 @@ fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(60)
-            .build_cartesian_2d(0f64..52f64, 0f64..top)?;
+            .build_cartesian_2d(0f64..right, 0f64..top)?;
         chart
             .configure_mesh()
             .x_desc("business logic (µs)")

@@ -30,6 +30,9 @@ use tower_service::Service;
 
 use crate::channel::status_response;
 use crate::Channel;
+use coalesce::{coalesce, Coalesced};
+
+mod coalesce;
 
 /// Forwards gRPC calls from HTTP/2 to netless services. Cheap to clone.
 #[derive(Clone)]
@@ -106,10 +109,19 @@ impl Gateway {
                     async move { Ok::<_, Infallible>(gateway.forward(request).await) }
                 });
                 let http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                // Each poll's frames leave in one write (see `coalesce`).
                 let served = match tls {
-                    None => http2.serve_connection(TokioIo::new(socket), service).await,
+                    None => {
+                        let (io, handle) = coalesce(socket);
+                        Coalesced::new(http2.serve_connection(TokioIo::new(io), service), handle)
+                            .await
+                    }
                     Some(tls) => match tls.accept(socket).await {
-                        Ok(stream) => http2.serve_connection(TokioIo::new(stream), service).await,
+                        Ok(stream) => {
+                            let (io, handle) = coalesce(stream);
+                            let connection = http2.serve_connection(TokioIo::new(io), service);
+                            Coalesced::new(connection, handle).await
+                        }
                         Err(e) => {
                             tracing::debug!("TLS handshake with {peer} failed: {e}");
                             return;
