@@ -1,4 +1,5 @@
-//! CPU affinity: pinning the calling thread to one CPU and listing the CPUs it may use.
+//! CPU affinity: pinning the calling thread to one CPU (or a set) and listing the CPUs it may
+//! use.
 //!
 //! This module owns `sched_setaffinity`/`sched_getaffinity` for the calling thread. It never
 //! changes the affinity of other threads or processes and never decides which CPU to use.
@@ -31,6 +32,41 @@ pub fn pin_current_thread(cpu: usize) -> Result<(), Error> {
     set.set(cpu);
     sched_setaffinity(None, &set).map_err(|errno| Error::InvalidCpu {
         cpu,
+        reason: format!("sched_setaffinity failed: {}", std::io::Error::from(errno)),
+    })
+}
+
+/// Lets the calling thread run on any of `cpus` (and no other), for a process that should
+/// float over some CPUs while its parent is pinned to one of them.
+///
+/// # Errors
+/// [`Error::InvalidCpu`] if `cpus` is empty, or names a CPU beyond the kernel's CPU set size
+/// or none the process may use.
+///
+/// ```
+/// let cpus = netless_shm::allowed_cpus();
+/// std::thread::spawn(move || netless_shm::pin_current_thread_to(&cpus))
+///     .join()
+///     .expect("thread")?;
+/// # Ok::<(), netless_shm::Error>(())
+/// ```
+pub fn pin_current_thread_to(cpus: &[usize]) -> Result<(), Error> {
+    let mut set = CpuSet::new();
+    for &cpu in cpus {
+        if cpu >= CpuSet::MAX_CPU {
+            return Err(Error::InvalidCpu {
+                cpu,
+                reason: format!("the kernel CPU set holds only {} CPUs", CpuSet::MAX_CPU),
+            });
+        }
+        set.set(cpu);
+    }
+    let first = cpus.first().copied().ok_or(Error::InvalidCpu {
+        cpu: 0,
+        reason: "no CPU given".into(),
+    })?;
+    sched_setaffinity(None, &set).map_err(|errno| Error::InvalidCpu {
+        cpu: first,
         reason: format!("sched_setaffinity failed: {}", std::io::Error::from(errno)),
     })
 }

@@ -70,6 +70,90 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) ->
     }
 }
 
+/// Most words one [`futex_wait_any`] waits on (the kernel's `FUTEX_WAITV_MAX` is 128; a
+/// thread serving a queue and a few connections needs a handful).
+pub const WAIT_ANY_MAX: usize = 8;
+
+/// Sleeps while every `*word == expected` of `words`, until any of them is woken by
+/// [`futex_wake`], the timeout expires, or a signal arrives (`futex_waitv`, Linux ≥ 5.16).
+///
+/// As with [`futex_wait`], the compares and the sleep are atomic with respect to wakers, and
+/// the words may live in memory shared with other processes. Only the first
+/// [`WAIT_ANY_MAX`] words are watched. On a kernel without `futex_waitv` it sleeps on the
+/// first word only, for at most a millisecond, so the others are noticed late but never
+/// missed for long.
+///
+/// ```
+/// use std::time::Duration;
+/// use netless_shm::{futex_wait_any, sync::AtomicU32, FutexWait};
+///
+/// let (a, b) = (AtomicU32::new(1), AtomicU32::new(2));
+/// assert_eq!(futex_wait_any(&[(&a, 1), (&b, 3)], None), FutexWait::ValueChanged);
+/// assert_eq!(
+///     futex_wait_any(&[(&a, 1), (&b, 2)], Some(Duration::from_millis(1))),
+///     FutexWait::TimedOut
+/// );
+/// ```
+#[cfg(not(loom))]
+pub fn futex_wait_any(words: &[(&AtomicU32, u32)], timeout: Option<Duration>) -> FutexWait {
+    use rustix::io::Errno;
+    use rustix::thread::futex::{self, Timespec, Wait, WaitFlags, WaitPtr, WaitvFlags};
+
+    let words = &words[..words.len().min(WAIT_ANY_MAX)];
+    match words {
+        [] => {
+            std::thread::sleep(timeout.unwrap_or(Duration::from_millis(1)));
+            return FutexWait::TimedOut;
+        }
+        [(word, expected)] => return futex_wait(word, *expected, timeout),
+        _ => {}
+    }
+    let mut waits = [Wait::new(); WAIT_ANY_MAX];
+    for (wait, (word, expected)) in waits.iter_mut().zip(words) {
+        wait.val = u64::from(*expected);
+        wait.uaddr = WaitPtr::new(word.as_ptr().cast());
+        // No FUTEX2_PRIVATE: shared futexes, as `futex_wait`'s, so that wakers in other
+        // processes (FUTEX_WAKE without the private flag) reach us.
+        wait.flags = WaitFlags::SIZE_U32;
+    }
+    // futex_waitv takes an absolute deadline on the clock it is given.
+    let deadline = timeout.map(|t| {
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let ns = now.tv_nsec as u64 + u64::from(t.subsec_nanos());
+        Timespec {
+            tv_sec: now
+                .tv_sec
+                .saturating_add(i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
+                .saturating_add((ns / 1_000_000_000) as i64),
+            tv_nsec: (ns % 1_000_000_000) as i64,
+        }
+    });
+    match futex::waitv(
+        &waits[..words.len()],
+        WaitvFlags::empty(),
+        deadline.as_ref(),
+        rustix::time::ClockId::Monotonic,
+    ) {
+        Ok(_) => FutexWait::Woken,
+        Err(Errno::AGAIN) => FutexWait::ValueChanged,
+        Err(Errno::TIMEDOUT) => FutexWait::TimedOut,
+        Err(Errno::INTR) => FutexWait::Interrupted,
+        Err(Errno::NOSYS) => {
+            let (word, expected) = words[0];
+            let short = Duration::from_millis(1);
+            futex_wait(
+                word,
+                expected,
+                Some(timeout.map_or(short, |t| t.min(short))),
+            )
+        }
+        Err(errno) => {
+            debug_assert!(false, "futex_waitv failed unexpectedly: {errno}");
+            FutexWait::Woken
+        }
+    }
+}
+
 /// Wakes up to `count` threads (in any process) sleeping in [`futex_wait`] on `word`, and
 /// returns how many were woken.
 ///
@@ -99,6 +183,21 @@ pub fn futex_wake(word: &AtomicU32, count: u32) -> usize {
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> FutexWait {
     let _ = timeout;
     if word.load(crate::sync::Ordering::SeqCst) != expected {
+        return FutexWait::ValueChanged;
+    }
+    crate::sync::yield_now();
+    FutexWait::Woken
+}
+
+/// Loom stand-in for [`futex_wait_any`]: [`FutexWait::ValueChanged`] if any word differs
+/// from its expected value, otherwise a yield and a spurious [`FutexWait::Woken`].
+#[cfg(loom)]
+pub fn futex_wait_any(words: &[(&AtomicU32, u32)], timeout: Option<Duration>) -> FutexWait {
+    let _ = timeout;
+    if words
+        .iter()
+        .any(|(word, expected)| word.load(crate::sync::Ordering::SeqCst) != *expected)
+    {
         return FutexWait::ValueChanged;
     }
     crate::sync::yield_now();
@@ -138,6 +237,48 @@ mod tests {
         // A signal could interrupt the wait; retry in that (unlikely) case.
         let result = loop {
             match futex_wait(&word, 0, Some(Duration::from_millis(20))) {
+                FutexWait::Interrupted => continue,
+                other => break other,
+            }
+        };
+        assert_eq!(result, FutexWait::TimedOut);
+        assert!(start.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn wait_any_wakes_on_either_word() {
+        for which in 0..2 {
+            let words = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+            let waiter = {
+                let words = Arc::clone(&words);
+                std::thread::spawn(move || {
+                    while words[which].load(Ordering::Acquire) == 0 {
+                        let [a, b] = &*words;
+                        let outcome =
+                            futex_wait_any(&[(a, 0), (b, 0)], Some(Duration::from_secs(10)));
+                        assert_ne!(outcome, FutexWait::TimedOut, "never woken");
+                    }
+                })
+            };
+            // Wake the word's sleepers until the kernel says it woke ours: it was asleep on
+            // both words, and this one woke it.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while futex_wake(&words[which], 1) == 0 {
+                assert!(Instant::now() < deadline, "waiter never went to sleep");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            words[which].store(1, Ordering::Release);
+            futex_wake(&words[which], u32::MAX);
+            waiter.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn wait_any_times_out() {
+        let (a, b) = (AtomicU32::new(0), AtomicU32::new(5));
+        let start = Instant::now();
+        let result = loop {
+            match futex_wait_any(&[(&a, 0), (&b, 5)], Some(Duration::from_millis(20))) {
                 FutexWait::Interrupted => continue,
                 other => break other,
             }

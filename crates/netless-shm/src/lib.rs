@@ -29,11 +29,11 @@ mod segment;
 mod socket_dir;
 pub mod sync;
 
-pub use affinity::{allowed_cpus, available_cpus, pin_current_thread};
+pub use affinity::{allowed_cpus, available_cpus, pin_current_thread, pin_current_thread_to};
 pub use clock::{instant_to_monotonic_ns, monotonic_ns, monotonic_ns_to_instant};
 pub use error::Error;
 pub use fdpass::{recv_frame, send_frame, MAX_FDS, MAX_FRAME};
-pub use futex::{futex_wait, futex_wake, FutexWait};
+pub use futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
 pub use peercred::{peer_cred, Acl, PeerCred};
 pub use segment::Segment;
 pub use socket_dir::{nobody_listens, service_socket_path, socket_dir, MAX_SERVICE_NAME};
