@@ -26,10 +26,11 @@
 //! `poll`) is not a store-load barrier in the language model (it is on x86, where the
 //! fence after a locked RMW is cheap; it is only on the sleep path anyway).
 
-use crate::futex::{futex_wait, futex_wake, FutexWait};
+use crate::futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
 pub use crate::layout::DoorbellWords;
 use crate::sync::fence;
 use crate::sync::hint::spin_loop;
+use crate::sync::yield_now;
 use crate::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use core::fmt;
 use core::str::FromStr;
@@ -45,6 +46,11 @@ pub enum WaitMode {
     /// Poll for [`WaitPolicy::spin`], then sleep.
     #[default]
     Adaptive,
+    /// Poll for [`WaitPolicy::spin`], giving the CPU to any other runnable thread between
+    /// polls (`sched_yield`), then sleep. For more busy threads than cores: a waiter that
+    /// yields lets the thread it waits for run, and is found awake, so its waker makes no
+    /// wake-up system call (and sends no inter-processor interrupt).
+    Yield,
 }
 
 impl WaitMode {
@@ -54,6 +60,7 @@ impl WaitMode {
             WaitMode::Spin => "spin",
             WaitMode::Futex => "futex",
             WaitMode::Adaptive => "adaptive",
+            WaitMode::Yield => "yield",
         }
     }
 }
@@ -66,7 +73,7 @@ impl fmt::Display for WaitMode {
 
 /// A wait mode name other than `spin`, `futex` or `adaptive`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("unknown wait mode: expected `spin`, `futex` or `adaptive`")]
+#[error("unknown wait mode: expected `spin`, `futex`, `adaptive` or `yield`")]
 pub struct ParseWaitModeError;
 
 impl FromStr for WaitMode {
@@ -77,6 +84,7 @@ impl FromStr for WaitMode {
             "spin" => Ok(WaitMode::Spin),
             "futex" => Ok(WaitMode::Futex),
             "adaptive" => Ok(WaitMode::Adaptive),
+            "yield" => Ok(WaitMode::Yield),
             _ => Err(ParseWaitModeError),
         }
     }
@@ -94,7 +102,8 @@ impl FromStr for WaitMode {
 pub struct WaitPolicy {
     /// The mode.
     pub mode: WaitMode,
-    /// Spin budget of [`WaitMode::Adaptive`] before each sleep that follows a wake-up.
+    /// Spin budget of [`WaitMode::Adaptive`] and [`WaitMode::Yield`] before each sleep that
+    /// follows a wake-up.
     pub spin: Duration,
 }
 
@@ -260,6 +269,32 @@ pub fn wait_counted<T>(
     deadline: Option<Instant>,
     max_sleep: Duration,
     sleeps: &mut u64,
+    poll: impl FnMut() -> Option<T>,
+) -> Result<T, TimedOut> {
+    wait_any_counted(&[words], policy, deadline, max_sleep, sleeps, poll)
+}
+
+/// [`wait_counted`] on several doorbells at once: `poll` checks everything they announce,
+/// and a sleep ends when any of them rings (one `futex_waitv`). For a thread that serves
+/// more than one source, such as a server worker that also collects the replies of calls it
+/// made. At most [`WAIT_ANY_MAX`] doorbells are slept on; the rest are only polled.
+///
+/// ```
+/// use netless_ring::{doorbell, DoorbellWords, WaitPolicy};
+/// use std::time::{Duration, Instant};
+///
+/// let (a, b) = (DoorbellWords::new(), DoorbellWords::new());
+/// let deadline = Some(Instant::now() + Duration::from_millis(5));
+/// let outcome = doorbell::wait_any_counted(&[&a, &b], &WaitPolicy::default(), deadline,
+///     Duration::from_millis(1), &mut 0, || None::<()>);
+/// assert_eq!(outcome, Err(netless_ring::TimedOut));
+/// ```
+pub fn wait_any_counted<T>(
+    words: &[&DoorbellWords],
+    policy: &WaitPolicy,
+    deadline: Option<Instant>,
+    max_sleep: Duration,
+    sleeps: &mut u64,
     mut poll: impl FnMut() -> Option<T>,
 ) -> Result<T, TimedOut> {
     if let Some(value) = poll() {
@@ -268,10 +303,11 @@ pub fn wait_counted<T>(
     let mut budget = match policy.mode {
         WaitMode::Spin => None,
         WaitMode::Futex => Some(Duration::ZERO),
-        WaitMode::Adaptive => Some(policy.spin),
+        WaitMode::Adaptive | WaitMode::Yield => Some(policy.spin),
     };
+    let yielding = policy.mode == WaitMode::Yield;
     loop {
-        if let Some(value) = spin(&mut poll, deadline, budget)? {
+        if let Some(value) = spin(&mut poll, deadline, budget, yielding)? {
             return Ok(value);
         }
         let timeout = match deadline {
@@ -282,42 +318,132 @@ pub fn wait_counted<T>(
                 .min(max_sleep),
             None => max_sleep,
         };
-        let sleeper = words.announce_sleep();
-        if let Some(value) = poll() {
-            return Ok(value);
-        }
-        *sleeps += 1;
-        let outcome = sleeper.sleep(timeout);
+        let outcome = match words {
+            [one] => {
+                let sleeper = one.announce_sleep();
+                if let Some(value) = poll() {
+                    return Ok(value);
+                }
+                *sleeps += 1;
+                sleeper.sleep(timeout)
+            }
+            many => {
+                let sleepers = announce_sleep_any(many);
+                if let Some(value) = poll() {
+                    return Ok(value);
+                }
+                *sleeps += 1;
+                sleepers.sleep(timeout)
+            }
+        };
         if let Some(value) = poll() {
             return Ok(value);
         }
         budget = match (policy.mode, outcome) {
-            (WaitMode::Adaptive, SleepOutcome::Woken | SleepOutcome::ValueChanged) => {
-                Some(policy.spin)
-            }
+            (
+                WaitMode::Adaptive | WaitMode::Yield,
+                SleepOutcome::Woken | SleepOutcome::ValueChanged,
+            ) => Some(policy.spin),
             _ => Some(Duration::ZERO),
         };
     }
 }
 
-/// Polls for `budget` (`None`: until the deadline). `Ok(None)`: budget spent.
+/// [`DoorbellWords::announce_sleep`] on several doorbells (the first [`WAIT_ANY_MAX`]) at
+/// once, with one fence: the caller then polls once more for everything they announce and,
+/// if there is still nothing, calls [`SleepSet::sleep`], which returns when any of them
+/// rings. [`wait_any_counted`] does all of this.
+pub fn announce_sleep_any<'w>(words: &'w [&'w DoorbellWords]) -> SleepSet<'w> {
+    let words = &words[..words.len().min(WAIT_ANY_MAX)];
+    let mut tickets = [0; WAIT_ANY_MAX];
+    for (ticket, w) in tickets.iter_mut().zip(words) {
+        // As in `announce_sleep`: read the sequence, then count ourselves.
+        *ticket = w.seq.load(Acquire);
+        w.sleepers.fetch_add(1, SeqCst);
+    }
+    // One store-load barrier for all the announcements.
+    fence(SeqCst);
+    SleepSet { words, tickets }
+}
+
+/// Announced sleeps on several doorbells (see [`announce_sleep_any`]); dropping it retracts
+/// them all. Each announcement follows [`DoorbellWords::announce_sleep`]'s protocol, so a
+/// ring of any of them after the caller's last poll ends the sleep (module docs).
+#[must_use = "dropping a SleepSet retracts the announcements; call sleep()"]
+pub struct SleepSet<'w> {
+    words: &'w [&'w DoorbellWords],
+    tickets: [u32; WAIT_ANY_MAX],
+}
+
+impl SleepSet<'_> {
+    /// The sequence number read from the `i`th doorbell at the announcement.
+    pub fn ticket(&self, i: usize) -> u32 {
+        self.tickets[i]
+    }
+
+    /// Sleeps until any of the doorbells rings, at most `timeout`, then retracts the
+    /// announcements.
+    pub fn sleep(self, timeout: Duration) -> SleepOutcome {
+        if self.words.is_empty() {
+            std::thread::sleep(timeout);
+            return SleepOutcome::TimedOut;
+        }
+        let mut pairs = [(&self.words[0].seq, 0u32); WAIT_ANY_MAX];
+        for ((pair, w), ticket) in pairs.iter_mut().zip(self.words).zip(self.tickets) {
+            *pair = (&w.seq, ticket);
+        }
+        match futex_wait_any(&pairs[..self.words.len()], Some(timeout)) {
+            FutexWait::Woken => SleepOutcome::Woken,
+            FutexWait::ValueChanged => SleepOutcome::ValueChanged,
+            FutexWait::TimedOut => SleepOutcome::TimedOut,
+            FutexWait::Interrupted => SleepOutcome::Interrupted,
+        }
+    }
+}
+
+impl fmt::Debug for SleepSet<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SleepSet")
+            .field("tickets", &&self.tickets[..self.words.len()])
+            .finish()
+    }
+}
+
+impl Drop for SleepSet<'_> {
+    fn drop(&mut self) {
+        for w in self.words {
+            // Relaxed, as in `Sleeper::drop`.
+            w.sleepers.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// Polls for `budget` (`None`: until the deadline), yielding the CPU between polls if
+/// `yielding`. `Ok(None)`: budget spent.
 fn spin<T>(
     poll: &mut impl FnMut() -> Option<T>,
     deadline: Option<Instant>,
     budget: Option<Duration>,
+    yielding: bool,
 ) -> Result<Option<T>, TimedOut> {
     if budget == Some(Duration::ZERO) {
         return Ok(None);
     }
     let spin_end = budget.and_then(|budget| Instant::now().checked_add(budget));
+    // A yield may last a whole time slice of another thread: check the clock after each.
+    let check_every = if yielding { 1 } else { 64 };
     let mut polls: u32 = 0;
     loop {
-        spin_loop();
+        if yielding {
+            yield_now();
+        } else {
+            spin_loop();
+        }
         if let Some(value) = poll() {
             return Ok(Some(value));
         }
         polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(64) {
+        if polls.is_multiple_of(check_every) {
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(TimedOut);
@@ -335,7 +461,12 @@ mod tests {
 
     #[test]
     fn mode_names_round_trip() {
-        for mode in [WaitMode::Spin, WaitMode::Futex, WaitMode::Adaptive] {
+        for mode in [
+            WaitMode::Spin,
+            WaitMode::Futex,
+            WaitMode::Adaptive,
+            WaitMode::Yield,
+        ] {
             assert_eq!(mode.to_string().parse::<WaitMode>(), Ok(mode));
         }
         assert_eq!("Spin".parse::<WaitMode>(), Err(ParseWaitModeError));

@@ -5,4 +5,4 @@
 //! wait is one check plus a yield, its wake a no-op) and never interprets the word. Keeping
 //! the indirection here means the doorbell names one private module, whatever backs it.
 
-pub(crate) use netless_shm::{futex_wait, futex_wake, FutexWait};
+pub(crate) use netless_shm::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};

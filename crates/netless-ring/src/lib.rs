@@ -23,10 +23,11 @@ pub mod spsc;
 pub mod sync;
 
 pub use doorbell::{
-    ring, ring_all, wait, wait_counted, DoorbellWords, ParseWaitModeError, SleepOutcome, Sleeper,
-    TimedOut, WaitMode, WaitPolicy,
+    announce_sleep_any, ring, ring_all, wait, wait_any_counted, wait_counted, DoorbellWords,
+    ParseWaitModeError, SleepOutcome, SleepSet, Sleeper, TimedOut, WaitMode, WaitPolicy,
 };
 pub use layout::LayoutError;
+pub use netless_shm::WAIT_ANY_MAX;
 pub use receive_queue::{ConsumerHead, Dequeue, EnqueueError, ReceiveQueue};
 pub use spsc::{Consumer, Corrupt, Producer, PushError, Record, ResponseRing};
 

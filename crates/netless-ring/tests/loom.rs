@@ -380,3 +380,32 @@ fn doorbell_two_waiters_ring_all() {
         }
     });
 }
+
+#[test]
+fn doorbell_any_loses_no_wake_up() {
+    // A waiter announces on two doorbells and polls once more; the waker publishes and rings
+    // the second. Either the waiter saw the data or that doorbell's sequence moved past the
+    // ticket the waiter would sleep on.
+    model(3, || {
+        let words = Arc::new((DoorbellWords::new(), DoorbellWords::new()));
+        let data = Arc::new(AtomicBool::new(false));
+        let waker = {
+            let (words, data) = (words.clone(), data.clone());
+            thread::spawn(move || {
+                data.store(true, Ordering::Release);
+                doorbell::ring(&words.1);
+            })
+        };
+        let both = [&words.0, &words.1];
+        let sleepers = doorbell::announce_sleep_any(&both);
+        let saw = data.load(Ordering::Acquire);
+        let ticket = sleepers.ticket(1);
+        if saw {
+            drop(sleepers);
+        } else {
+            std::mem::forget(sleepers);
+        }
+        waker.join().unwrap();
+        assert!(saw || words.1.sequence() != ticket, "lost wake-up");
+    });
+}
