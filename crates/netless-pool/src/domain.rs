@@ -122,6 +122,21 @@ struct Outstanding {
     created: Instant,
 }
 
+/// How much of the outstanding Refs a [`Inner::collect`] looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Collect {
+    /// The oldest few: what every Ref created or buffer freed pays.
+    Some(usize),
+    /// Every one ([`Domain::collect`]).
+    Full,
+    /// Every one, revoking those not mapped yet (leaving the domain).
+    All,
+}
+
+/// Outstanding Refs a Ref creation or a buffer release looks at: more than one, so the
+/// collection keeps ahead of creation even when some Refs wait long to be mapped.
+const COLLECT_BUDGET: usize = 8;
+
 struct Local {
     counts: Vec<u32>,
     lease: Vec<u32>,
@@ -250,7 +265,7 @@ impl Domain {
     /// does this too), and revokes Refs older than the configured TTL.
     pub fn collect(&self) {
         let mut local = self.inner.local();
-        self.inner.collect(&mut local, false);
+        self.inner.collect(&mut local, Collect::Full);
     }
 
     /// Pool and process statistics (counting free pages scans the page words).
@@ -497,7 +512,7 @@ impl Inner {
             self.unuse_page(&mut local, p);
         }
         // Refs mapped since the last call release their pages here too (collect trims).
-        self.collect(&mut local, false);
+        self.collect(&mut local, Collect::Some(COLLECT_BUDGET));
     }
 
     /// Makes page `i` of `pages` private (copying it if shared) and returns it.
@@ -604,7 +619,7 @@ impl Inner {
         data_pages: &[u32],
         len: usize,
     ) -> Result<Ref, PoolError> {
-        self.collect(local, false);
+        self.collect(local, Collect::Some(COLLECT_BUDGET));
         let ntables = data_pages.len().div_ceil(TABLE_ENTRIES);
         if ntables > SLOT_TABLES {
             return Err(PoolError::Config(format!(
@@ -714,20 +729,36 @@ impl Inner {
     }
 
     /// Ends our hold on Refs that were mapped; revokes expired ones (or all, on leave).
-    fn collect(&self, local: &mut Local, all: bool) {
+    /// `Collect::Some(k)` looks at the `k` oldest only (rotating them to the back when they
+    /// are still waiting), so that creating a Ref costs O(1) however many are outstanding.
+    fn collect(&self, local: &mut Local, scope: Collect) {
         let slots = self.map.slots();
-        let mut i = 0;
-        while i < local.outstanding.len() {
-            let o = &local.outstanding[i];
+        let all = scope == Collect::All;
+        let budget = match scope {
+            Collect::Some(k) => k.min(local.outstanding.len()),
+            Collect::Full | Collect::All => local.outstanding.len(),
+        };
+        // Read at most once, and only if a Ref is still waiting to be mapped.
+        let mut now = None;
+        for _ in 0..budget {
+            let Some(o) = local.outstanding.pop_front() else {
+                break;
+            };
             let s = &slots[o.slot as usize];
             let ready = slot_word(o.generation, self.member, slot_state::READY);
             let taken = slot_word(o.generation, self.member, slot_state::TAKEN);
             let free = slot_word(o.generation, 0, slot_state::FREE);
             let word = s.state.load(Ordering::Acquire);
+            let expired = |now: &mut Option<Instant>| {
+                all || now
+                    .get_or_insert_with(Instant::now)
+                    .saturating_duration_since(o.created)
+                    >= self.ref_ttl
+            };
             let done = if word == taken {
                 s.state.store(free, Ordering::Release);
                 true
-            } else if word == ready && (all || o.created.elapsed() >= self.ref_ttl) {
+            } else if word == ready && expired(&mut now) {
                 match s
                     .state
                     .compare_exchange(ready, free, Ordering::AcqRel, Ordering::Acquire)
@@ -746,18 +777,16 @@ impl Inner {
                     "netless-pool: ref slot {} was overwritten: {word:#x}",
                     o.slot
                 );
-                local.outstanding.remove(i);
                 continue;
             } else {
                 false
             };
             if done {
-                let o = local.outstanding.remove(i).expect("index in range");
-                for p in o.pages {
+                for &p in &o.pages {
                     self.unuse_page(local, p);
                 }
             } else {
-                i += 1;
+                local.outstanding.push_back(o);
             }
         }
         self.trim_lease(local);
@@ -910,7 +939,7 @@ impl Inner {
     /// Gives back everything this process holds, then its member row.
     fn leave(&self) {
         let mut local = self.local();
-        self.collect(&mut local, true);
+        self.collect(&mut local, Collect::All);
         let handles: Vec<_> = local.handles.drain().collect();
         for (_, (pages, _)) in handles {
             for p in pages {
