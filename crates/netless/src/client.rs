@@ -282,11 +282,12 @@ impl Client {
 
         let g = *replica.geometry();
         let block = g.block_size as usize;
-        // Fragments of up to 64 KiB, and at most a quarter of the partition each.
+        // Fragments of up to 64 KiB or 64 blocks, whichever is more (a server with large
+        // blocks takes large requests whole), and at most a quarter of the partition each.
         // At least one byte of body per fragment, even with 64-byte blocks.
         let min_run = (HEADER_LEN / block + 1) as u32;
         let max_run = (g.part_blocks / 4)
-            .clamp(min_run, (65536 / g.block_size).max(min_run))
+            .clamp(min_run, (65536 / g.block_size).max(64).max(min_run))
             .min(g.part_blocks) as usize;
         if max_run * block <= HEADER_LEN {
             return Err(Status::unavailable(format!(
@@ -532,6 +533,12 @@ impl Client {
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.handle.shared
+    }
+
+    /// The doorbell this connection's replies ring, for a server worker to sleep on
+    /// ([`Handler::wake_sources`](crate::Handler::wake_sources)).
+    pub fn wake_source(&self) -> crate::WakeSource {
+        crate::WakeSource::new(self.handle.shared.clone())
     }
 }
 

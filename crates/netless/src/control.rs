@@ -39,8 +39,14 @@ pub const REGISTERS: &[(&str, &str)] = &[
         "batch_mode",
         "fixed (batches of `batch`) or adaptive (grow to `batch` under load, 1 when idle)",
     ),
-    ("wait", "how idle workers wait: spin, futex or adaptive"),
-    ("spin_us", "adaptive wait's spin budget in µs: 0..=1000000"),
+    (
+        "wait",
+        "how idle workers wait: spin, futex, adaptive or yield",
+    ),
+    (
+        "spin_us",
+        "adaptive (or yield) wait's budget before sleeping in µs: 0..=1000000",
+    ),
     (
         "slo_us",
         "latency objective in µs (0: none); sets depth_limit from the service time",
@@ -66,6 +72,7 @@ pub(crate) fn init(ctrl: &ServerControl, config: &ServerConfig) {
         WaitMode::Spin => wait_mode::SPIN,
         WaitMode::Futex => wait_mode::FUTEX,
         WaitMode::Adaptive => wait_mode::ADAPTIVE,
+        WaitMode::Yield => wait_mode::YIELD,
     };
     ctrl.wait_mode.store(mode, Ordering::Relaxed);
     ctrl.spin_ns
@@ -84,6 +91,7 @@ pub(crate) fn wait_policy(ctrl: &ServerControl) -> WaitPolicy {
     let mode = match ctrl.wait_mode.load(Ordering::Relaxed) {
         wait_mode::SPIN => WaitMode::Spin,
         wait_mode::FUTEX => WaitMode::Futex,
+        wait_mode::YIELD => WaitMode::Yield,
         _ => WaitMode::Adaptive,
     };
     WaitPolicy {
@@ -97,6 +105,7 @@ pub(crate) fn get(ctrl: &ServerControl) -> String {
     let wait = match ctrl.wait_mode.load(Ordering::Relaxed) {
         wait_mode::SPIN => "spin",
         wait_mode::FUTEX => "futex",
+        wait_mode::YIELD => "yield",
         _ => "adaptive",
     };
     let batch_mode = match ctrl.batch_mode.load(Ordering::Relaxed) {
@@ -156,6 +165,7 @@ pub(crate) fn set(
                 "spin" => wait_mode::SPIN,
                 "futex" => wait_mode::FUTEX,
                 "adaptive" => wait_mode::ADAPTIVE,
+                "yield" => wait_mode::YIELD,
                 _ => return Err(bad_value(key, value)),
             };
             ctrl.wait_mode.store(mode, Ordering::Relaxed);

@@ -125,6 +125,7 @@ pub mod wait_mode {
     pub const SPIN: u32 = 0;
     pub const FUTEX: u32 = 1;
     pub const ADAPTIVE: u32 = 2;
+    pub const YIELD: u32 = 3;
 }
 
 /// Values of [`ServerControl::batch_mode`].

@@ -42,6 +42,7 @@ mod server;
 pub mod sizing;
 mod spin_lock;
 mod status;
+mod wake;
 
 pub(crate) use netless_shm::sync;
 
@@ -61,3 +62,4 @@ pub use pipeline::Pipeline;
 pub use replicas::Replicas;
 pub use server::{ConnectionWatch, DeferredReply, Handler, Server, ServerStats};
 pub use status::{Code, Status};
+pub use wake::WakeSource;

@@ -101,6 +101,13 @@ impl Pipeline {
         })
     }
 
+    /// The doorbell this pipeline's replies ring: a server whose handler forwards calls on
+    /// it returns this from [`Handler::wake_sources`](crate::Handler::wake_sources), so its
+    /// worker wakes for replies as well as requests.
+    pub fn wake_source(&self) -> crate::WakeSource {
+        self.client.wake_source()
+    }
+
     /// Calls submitted and not yet answered.
     pub fn in_flight(&self) -> u32 {
         self.in_flight

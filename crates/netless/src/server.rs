@@ -36,6 +36,7 @@ use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
 use crate::spin_lock::SpinLock;
 use crate::status::{Code, Status};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::wake::WakeSource;
 
 /// Serves one method table. Implemented for closures.
 ///
@@ -56,6 +57,31 @@ pub trait Handler: Send + Sync + 'static {
         request: &Request<'a>,
         response: &mut ResponseBuilder<'a>,
     ) -> Result<(), Status>;
+
+    /// Runs work of the handler's own on worker `worker`'s thread, such as collecting the
+    /// replies of calls it made on a [`Pipeline`](crate::Pipeline) and sending the
+    /// [`DeferredReply`]s waiting for them. Returns whether it did anything.
+    ///
+    /// A worker calls it after every queue entry it serves and whenever its queue is empty
+    /// (while it spins, and before it sleeps: a `true` keeps it awake). Replies sent from
+    /// here ring each client's doorbell once, when `poll` returns. The default does nothing.
+    fn poll(&self, worker: usize) -> bool {
+        let _ = worker;
+        false
+    }
+
+    /// What else should wake worker `worker` when it sleeps: the doorbells of the
+    /// connections whose replies [`Handler::poll`] collects ([`Pipeline::wake_source`],
+    /// [`Client::wake_source`]). Asked once, when the worker starts; at most
+    /// [`WAIT_ANY_MAX`](netless_ring::WAIT_ANY_MAX) − 1 are slept on, and a worker polls
+    /// at least every 100 ms anyway. The default is none.
+    ///
+    /// [`Pipeline::wake_source`]: crate::Pipeline::wake_source
+    /// [`Client::wake_source`]: crate::Client::wake_source
+    fn wake_sources(&self, worker: usize) -> Vec<WakeSource> {
+        let _ = worker;
+        Vec::new()
+    }
 }
 
 impl<F> Handler for F
@@ -206,18 +232,61 @@ struct Scratch {
 }
 
 thread_local! {
-    /// Set while this worker serves a batch: its replies skip the doorbell, rung once after.
-    static IN_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many [`RingSection`]s this thread is in.
+    static SECTIONS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Clients owed a ring at the end of the outermost section.
+    static OWED: std::cell::RefCell<Vec<Arc<Conn>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Whether `OWED` holds anything (so that a section that sent nothing costs two `Cell`
+    /// updates: workers enter one on every idle poll).
+    static ANY_OWED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Ends a batch: clears [`IN_BATCH`] and rings the client's doorbell once.
-struct RingAfterBatch<'a>(&'a Conn);
+/// While a worker serves a batch, or runs its handler's [`Handler::poll`], the replies it
+/// sends do not ring their clients' doorbells one by one: each client owed a ring is rung
+/// once when the section ends (a ring costs a fence, and a system call while the client
+/// sleeps, which every later ring would repeat until it woke).
+struct RingSection;
 
-impl Drop for RingAfterBatch<'_> {
-    fn drop(&mut self) {
-        IN_BATCH.set(false);
-        netless_ring::ring(self.0.segment.doorbell());
+impl RingSection {
+    fn enter() -> RingSection {
+        SECTIONS.set(SECTIONS.get() + 1);
+        RingSection
     }
+}
+
+impl Drop for RingSection {
+    fn drop(&mut self) {
+        let depth = SECTIONS.get() - 1;
+        SECTIONS.set(depth);
+        if depth == 0 && ANY_OWED.replace(false) {
+            // Taken out before ringing, so no borrow is held while the `Arc`s drop.
+            let owed = OWED.with_borrow_mut(std::mem::take);
+            for conn in &owed {
+                netless_ring::ring(conn.segment.doorbell());
+            }
+            OWED.with_borrow_mut(|v| {
+                if v.is_empty() {
+                    // Keep the allocation for the next section.
+                    *v = owed;
+                    v.clear();
+                }
+            });
+        }
+    }
+}
+
+/// Rings `conn`'s doorbell now, or at the end of the thread's [`RingSection`].
+fn ring_client(conn: &Arc<Conn>) {
+    if SECTIONS.get() == 0 {
+        netless_ring::ring(conn.segment.doorbell());
+        return;
+    }
+    OWED.with_borrow_mut(|owed| {
+        if !owed.iter().any(|c| Arc::ptr_eq(c, conn)) {
+            owed.push(conn.clone());
+        }
+    });
+    ANY_OWED.set(true);
 }
 
 /// A fragmented request being reassembled.
@@ -856,6 +925,22 @@ impl ServerShared {
         let mut sleeps = 0u64;
         let mut served = 0u64;
         let mut polls = 0u32;
+        // The queue's doorbell, then the handler's own sources.
+        let sources = self.handler.wake_sources(worker);
+        if sources.len() >= netless_ring::WAIT_ANY_MAX {
+            tracing::warn!(
+                "worker {worker}: the handler gave {} wake sources; only the first {} wake it",
+                sources.len(),
+                netless_ring::WAIT_ANY_MAX - 1
+            );
+        }
+        let doorbells: Vec<&netless_ring::DoorbellWords> = std::iter::once(view.doorbell)
+            .chain(sources.iter().map(WakeSource::doorbell))
+            .collect();
+        let handler_poll = || {
+            let _ring = RingSection::enter();
+            self.handler.poll(worker)
+        };
         // Jbsq2: a second entry taken (and its payload prefetched) while serving the first.
         let mut next: Option<u32> = None;
         // Takes the next entry, if any; `hold` marks the worker so reclamation waits for it.
@@ -926,8 +1011,8 @@ impl ServerShared {
                     let wait = crate::control::wait_policy(control);
                     let futex_only = wait.mode == netless_ring::WaitMode::Futex;
                     let before = sleeps;
-                    let item = netless_ring::wait_counted(
-                        view.doorbell,
+                    let item = netless_ring::wait_any_counted(
+                        &doorbells,
                         &wait,
                         None,
                         Duration::from_millis(100),
@@ -940,7 +1025,12 @@ impl ServerShared {
                             // Most polls read only the next cell; every 256th also checks
                             // for holes, which reads the tail clients write. (In futex mode
                             // a worker polls once per wake-up, so it checks every time.)
-                            take(futex_only || polls.is_multiple_of(256), false)
+                            let taken = take(futex_only || polls.is_multiple_of(256), false);
+                            // The handler's own work counts as something done: no sleep.
+                            if taken.is_none() && handler_poll() {
+                                return Some(None);
+                            }
+                            taken
                         },
                     );
                     if sleeps != before {
@@ -975,6 +1065,8 @@ impl ServerShared {
                 }
             }
             me.serving.store(IDLE, Ordering::Release);
+            // A busy queue must not starve the handler's own work.
+            handler_poll();
         }
         if next.is_some() {
             me.held.store(IDLE, Ordering::Release);
@@ -983,7 +1075,7 @@ impl ServerShared {
 
     /// The live connection at `index`, from the worker's cache (refreshed when the slot's
     /// tag changed). Borrowed, so the hot path clones no `Arc`.
-    fn lookup<'c>(&self, index: u32, cache: &'c mut [Option<Arc<Conn>>]) -> Option<&'c Conn> {
+    fn lookup<'c>(&self, index: u32, cache: &'c mut [Option<Arc<Conn>>]) -> Option<&'c Arc<Conn>> {
         let slot = self.slots.get(index as usize)?;
         let tag = slot.tag.load(Ordering::Acquire);
         if tag == 0 {
@@ -993,7 +1085,7 @@ impl ServerShared {
         if cached.as_ref().is_none_or(|c| c.tag != tag) {
             *cached = slot.conn.read().ok()?.clone();
         }
-        cached.as_deref().filter(|c| c.tag == tag)
+        cached.as_ref().filter(|c| c.tag == tag)
     }
 
     /// Validates and serves the request whose run starts at `block`.
@@ -1033,7 +1125,7 @@ impl ServerShared {
 
     fn serve_conn(
         &self,
-        conn: &Conn,
+        conn: &Arc<Conn>,
         block: u32,
         h: &WireHeader,
         me: &WorkerSlot,
@@ -1137,7 +1229,7 @@ impl ServerShared {
     /// the last. The caller frees the run afterwards.
     fn serve_batch(
         &self,
-        conn: &Conn,
+        conn: &Arc<Conn>,
         run: *mut u8,
         run_len: usize,
         first: WireHeader,
@@ -1149,8 +1241,7 @@ impl ServerShared {
         let mut count = 0u32;
         // Replies inside the batch do not ring the client's doorbell; this rings once after
         // the last (or on an early return).
-        IN_BATCH.set(true);
-        let _ring = RingAfterBatch(conn);
+        let _ring = RingSection::enter();
         loop {
             if h.kind != kind::REQUEST || h.token != conn.token || h.conn_index != conn.index {
                 return Err("a batched request is not this connection's");
@@ -1185,7 +1276,7 @@ impl ServerShared {
     /// body any more, and sends the response.
     fn dispatch(
         &self,
-        conn: &Conn,
+        conn: &Arc<Conn>,
         h: &WireHeader,
         body: &[u8],
         me: &WorkerSlot,
@@ -1389,17 +1480,15 @@ impl ServerShared {
         Ok(domain.map_from(&r, conn.peer_pid)?)
     }
 
-    fn defer(&self, conn: &Conn, call_id: u64) -> Result<DeferredReply, Status> {
+    fn defer(&self, conn: &Arc<Conn>, call_id: u64) -> Result<DeferredReply, Status> {
         let server = self
             .this
             .upgrade()
             .ok_or_else(|| Status::unavailable("the server is shutting down"))?;
-        let conn = self
-            .slots
-            .get(conn.index as usize)
-            .and_then(|slot| slot.conn.read().ok()?.clone())
-            .filter(|c| c.tag == conn.tag)
-            .ok_or_else(|| Status::unavailable("the client's connection is closed"))?;
+        if conn.dead.load(Ordering::Acquire) {
+            return Err(Status::unavailable("the client's connection is closed"));
+        }
+        let conn = conn.clone();
         self.deferring.store(true, Ordering::Relaxed);
         Ok(DeferredReply {
             server,
@@ -1412,7 +1501,7 @@ impl ServerShared {
     /// Writes a response (in fragments if needed) into the client's ring.
     fn respond(
         &self,
-        conn: &Conn,
+        conn: &Arc<Conn>,
         call_id: u64,
         code: Code,
         metadata: &Metadata,
@@ -1528,10 +1617,8 @@ impl ServerShared {
             if offset >= body_len {
                 conn.next_record
                     .store(producer.next_record_ptr() as usize, Ordering::Relaxed);
-                // Inside a batch, the worker rings once after its last reply.
-                if !IN_BATCH.get() {
-                    netless_ring::ring(conn.segment.doorbell());
-                }
+                // Inside a batch (or a handler's poll), once at its end.
+                ring_client(conn);
                 return Ok(());
             }
             netless_ring::ring(conn.segment.doorbell());

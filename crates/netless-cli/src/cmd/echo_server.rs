@@ -28,7 +28,7 @@ pub struct Args {
     /// Pin workers to these CPUs (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub pin_cpu: Vec<usize>,
-    /// How idle workers wait: spin, futex or adaptive.
+    /// How idle workers wait: spin, futex, adaptive or yield.
     #[arg(long, default_value = "adaptive")]
     pub wait_mode: WaitMode,
     /// Spin budget before sleeping, in microseconds (adaptive mode).
