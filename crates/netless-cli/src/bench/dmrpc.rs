@@ -46,14 +46,14 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use hdrhistogram::Histogram;
 use netless::{
-    CallOptions, Client, ClientConfig, Code, Handler, Request, ResponseBuilder, Server,
-    ServerConfig, Status, WaitMode, WaitPolicy,
+    CallOptions, Client, ClientConfig, Code, DeferredReply, Handler, Pipeline, Request,
+    ResponseBuilder, Server, ServerConfig, Status, WaitMode, WaitPolicy,
 };
 use netless_pool::{Domain, DomainConfig, PoolError, Ref, SharedBuf};
 use serde::Serialize;
@@ -75,7 +75,7 @@ const LB_SIZES: [usize; 4] = [4 << 10, 8 << 10, 16 << 10, 32 << 10];
 /// (no fragments: fragmented requests would make `call_async` send on a helper thread).
 const TIER_BLOCK: u32 = 32 << 10;
 /// Receive buffer of each tier: room for many 1 MiB requests in flight.
-const TIER_BUFFER: usize = 32 << 20;
+const TIER_BUFFER: usize = 64 << 20;
 /// Calls a warm-up makes at least (so that every tier's receive buffer has been used, and
 /// its pages faulted in, before anything is measured), unless it takes over a second
 /// (`--quick`: 8 calls or 100 ms).
@@ -99,8 +99,9 @@ const DOMAIN: &str = "dmrpc";
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Calls kept in flight by the closed-loop client (nested chain and load balancer).
-    #[arg(long, default_value_t = 8)]
+    /// Calls kept in flight by the closed-loop client (nested chain and load balancer); fewer
+    /// for large arrays: as many as fit a tier's 64 MiB receive buffer by value.
+    #[arg(long, default_value_t = 1024)]
     pub in_flight: usize,
     /// Measured time per variant, point and round, in ms [default: 150, or 20 with --quick].
     #[arg(long)]
@@ -108,19 +109,36 @@ pub struct Args {
     /// Interleaved rounds per point [default: 6, or 1 with --quick].
     #[arg(long)]
     pub rounds: Option<u32>,
-    /// How long every waiter spins before it sleeps on its futex, in µs (0: sleep at once).
+    /// How long every waiter polls before it sleeps on its futex, in µs (0: sleep at once).
     #[arg(long, default_value_t = 5)]
     pub spin_us: u64,
-    /// Do not pin the processes to CPUs.
-    #[arg(long)]
-    pub no_pin: bool,
-    /// How a tier forwards: `async` (one worker thread, deferred reply + `call_async`) or
-    /// `blocking` (as many worker threads as calls in flight, each forwarding with `call`).
-    #[arg(long, default_value = "async")]
+    /// How waiters poll before they sleep: `adaptive` (spinning) or `yield` (giving the CPU
+    /// to other runnable processes between polls).
+    #[arg(long, default_value = "adaptive")]
+    pub wait: WaitMode,
+    /// Where the processes run: `client` (this process on the first CPU, the tiers on the
+    /// first two wherever the kernel balances them), `alternate` (this process on the first
+    /// CPU, each tier pinned, alternating between the first two) or `none`.
+    #[arg(long, default_value = "client")]
+    pub pin: Placement,
+    /// How a tier forwards: `pipelined` (one worker thread: deferred reply, the next call
+    /// submitted on a `Pipeline`, its reply collected by the worker), `async` (deferred reply +
+    /// `call_async`, replies sent from a tokio thread) or `blocking` (as many worker threads as
+    /// calls in flight, each forwarding with `call`).
+    #[arg(long, default_value = "pipelined")]
     pub forward: Forward,
     /// Run only these experiments (repeat or separate with commas) [default: all three].
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<Experiment>,
+    /// Largest request batch a tier's callers publish at once (its `batch` soft register).
+    #[arg(long, default_value_t = 256)]
+    pub batch: u32,
+    /// Nested chain: only these array sizes, in bytes [default: 4 KiB, 64 KiB, 1 MiB].
+    #[arg(long, value_delimiter = ',')]
+    pub chain_sizes: Vec<usize>,
+    /// Nested chain: only these hop counts, 1 to 7 [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub hops: Vec<u32>,
 }
 
 /// The three experiments.
@@ -136,11 +154,30 @@ pub enum Experiment {
     Transfer,
 }
 
+/// Where the benchmark's processes run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// This process (the load generator) on the first CPU; the tiers may use the first two,
+    /// and the kernel balances them.
+    Client,
+    /// This process on the first CPU; each tier pinned to one of the first two, alternating.
+    Alternate,
+    /// Nothing pinned.
+    None,
+}
+
 /// How the tiers forward calls.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Forward {
+    /// One worker thread runs everything: the handler defers its reply and submits the next
+    /// call to a `Pipeline`; the worker collects the replies (`Handler::poll`), sleeping on
+    /// its queue and the pipeline at once.
+    Pipelined,
+    /// The handler defers and forwards with `call_async`; a tokio thread sends the reply.
     Async,
+    /// As many worker threads as calls in flight, each forwarding with a blocking call.
     Blocking,
 }
 
@@ -163,12 +200,17 @@ pub struct TierArgs {
     /// next tiers never spin: their replies take at least one more hop).
     #[arg(long, default_value_t = 5)]
     pub spin_us: u64,
-    /// Pin the whole process to this CPU.
-    #[arg(long)]
-    pub pin_cpu: Option<usize>,
-    /// 0: one worker thread that forwards asynchronously (deferred reply + `call_async`);
-    /// N: N worker threads that each forward with a blocking call.
-    #[arg(long, default_value_t = 0)]
+    /// How the server's workers poll before they sleep (see `bench dmrpc --wait`).
+    #[arg(long, default_value = "adaptive")]
+    pub wait: WaitMode,
+    /// Run the whole process on these CPUs only (one to pin it).
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+    /// How this tier forwards (see `bench dmrpc --forward`).
+    #[arg(long, default_value = "pipelined")]
+    pub forward: Forward,
+    /// Worker threads with `--forward blocking` (one per call in flight).
+    #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// Before serving, touch every free page of the pool once, so that measured pool
     /// operations do not pay this process's first-touch page faults.
@@ -179,23 +221,24 @@ pub struct TierArgs {
 // ----------------------------------------------------------------------------------------
 // Shared by the tiers and the client.
 
-fn wait_policy(spin_us: u64) -> WaitPolicy {
-    if spin_us == 0 {
+/// `mode` for `spin_us` µs, or a plain futex sleep if either says so.
+fn wait_policy(mode: WaitMode, spin_us: u64) -> WaitPolicy {
+    if spin_us == 0 || mode == WaitMode::Futex {
         WaitPolicy {
             mode: WaitMode::Futex,
             spin: Duration::ZERO,
         }
     } else {
         WaitPolicy {
-            mode: WaitMode::Adaptive,
+            mode,
             spin: Duration::from_micros(spin_us),
         }
     }
 }
 
-fn client_config(dir: &Path, spin_us: u64) -> ClientConfig {
+fn client_config(dir: &Path, wait: WaitPolicy) -> ClientConfig {
     ClientConfig {
-        wait: wait_policy(spin_us),
+        wait,
         dir: Some(dir.to_path_buf()),
         default_timeout: Some(Duration::from_secs(60)),
         ..Default::default()
@@ -325,9 +368,9 @@ impl Counts {
 
 struct Tier {
     domain: Domain,
-    nexts: Vec<Client>,
+    /// The next tiers (round robin), by how this tier forwards.
+    nexts: Nexts,
     rr: AtomicUsize,
-    runtime: tokio::runtime::Handle,
     requests: AtomicU64,
     forwarded: AtomicU64,
     payload_bytes: AtomicU64,
@@ -335,9 +378,50 @@ struct Tier {
     maps: AtomicU64,
     /// What the copy-on-write callee writes (never the original pattern).
     scribble: Vec<u8>,
-    /// Forward with a blocking call (several workers) instead of deferring.
-    blocking: bool,
+    /// `kind/n` method names, built once: `methods[0][n]` is `value/n`, `methods[1][n]`
+    /// `ref/n`.
+    methods: [Vec<String>; 2],
 }
+
+/// A tier's connections to its next tiers.
+enum Nexts {
+    /// Pipelines whose replies the worker collects in [`Handler::poll`].
+    Pipelined(Vec<Mutex<Downstream>>),
+    /// Clients whose async calls a tokio thread completes.
+    Async(Vec<Client>, tokio::runtime::Handle),
+    /// Clients called with blocking calls from many workers.
+    Blocking(Vec<Client>),
+}
+
+impl Nexts {
+    fn len(&self) -> usize {
+        match self {
+            Nexts::Pipelined(v) => v.len(),
+            Nexts::Async(v, _) | Nexts::Blocking(v) => v.len(),
+        }
+    }
+}
+
+/// A pipeline to a next tier and the calls in flight on it, by call slot: the deferred
+/// reply each answers, and what to count once it did.
+struct Downstream {
+    pipe: Pipeline,
+    waiting: Vec<Option<Forwarded>>,
+}
+
+struct Forwarded {
+    reply: DeferredReply,
+    by_value: bool,
+    len: u64,
+}
+
+/// The call slot of a pipeline call id.
+fn slot_of(call_id: u64) -> usize {
+    (call_id & 0xffff_ffff) as usize
+}
+
+/// Calls a tier keeps in flight on each pipeline at most (more than any client sends).
+const TIER_PIPELINE_DEPTH: u32 = 4096;
 
 struct TierHandler(Arc<Tier>);
 
@@ -349,6 +433,21 @@ impl Handler for TierHandler {
     ) -> Result<(), Status> {
         self.0.handle(request, response)
     }
+
+    fn poll(&self, _worker: usize) -> bool {
+        self.0.collect()
+    }
+
+    fn wake_sources(&self, _worker: usize) -> Vec<netless::WakeSource> {
+        match &self.0.nexts {
+            Nexts::Pipelined(downs) => downs.iter().map(|d| lock(d).pipe.wake_source()).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Tier {
@@ -380,7 +479,7 @@ impl Tier {
             .parse()
             .map_err(|_| Status::invalid_argument(format!("bad method `{}`", req.method)))?;
         match kind {
-            "value" | "ref" if arg > 1 => self.forward(kind, arg - 1, req.payload, resp),
+            "value" | "ref" if arg > 1 => self.forward(kind == "value", arg - 1, req.payload, resp),
             "value" | "ref" => {
                 let sum = if kind == "value" {
                     // Read in place, in the receive buffer.
@@ -433,45 +532,107 @@ impl Tier {
         }
     }
 
-    /// Sends `payload` on to the next tier as `kind/remaining` and answers when it answers.
+    /// Sends `payload` on to the next tier as `value/remaining` or `ref/remaining`, and
+    /// answers when it answers.
     fn forward<'a>(
         self: &Arc<Self>,
-        kind: &str,
+        by_value: bool,
         remaining: usize,
         payload: &[u8],
         resp: &mut ResponseBuilder<'a>,
     ) -> Result<(), Status> {
-        if self.nexts.is_empty() {
+        let n = self.nexts.len();
+        if n == 0 {
             return Err(Status::new(
                 Code::FailedPrecondition,
                 "this tier is the last one",
             ));
         }
-        let next = &self.nexts[self.rr.fetch_add(1, Ordering::Relaxed) % self.nexts.len()];
-        let method = format!("{kind}/{remaining}");
-        let (by_value, len) = (kind == "value", payload.len() as u64);
-        if self.blocking {
-            let answer = next.call(&method, payload, &CallOptions::new())?;
-            self.count_forward(by_value, len);
-            resp.metadata = answer.metadata;
-            resp.payload = answer.payload;
-            return Ok(());
-        }
-        let reply = resp.defer()?;
-        // The payload is copied into the next tier's receive buffer here, before the handler
-        // returns (and its request blocks go back to the caller).
-        let call = next.call_async(&method, payload, &CallOptions::new());
-        let tier = self.clone();
-        self.runtime.spawn(async move {
-            let _ = match call.await {
-                Ok(answer) => {
-                    tier.count_forward(by_value, len);
-                    reply.send(&answer.metadata, &answer.payload)
+        let next = self.rr.fetch_add(1, Ordering::Relaxed) % n;
+        let method = self.methods[usize::from(!by_value)]
+            .get(remaining)
+            .ok_or_else(|| Status::invalid_argument(format!("{remaining} hops is too many")))?;
+        let len = payload.len() as u64;
+        match &self.nexts {
+            Nexts::Blocking(clients) => {
+                let answer = clients[next].call(method, payload, &CallOptions::new())?;
+                self.count_forward(by_value, len);
+                resp.metadata = answer.metadata;
+                resp.payload = answer.payload;
+                Ok(())
+            }
+            Nexts::Async(clients, runtime) => {
+                let reply = resp.defer()?;
+                // The payload is copied into the next tier's receive buffer here, before the
+                // handler returns (and its request blocks go back to the caller).
+                let call = clients[next].call_async(method, payload, &CallOptions::new());
+                let tier = self.clone();
+                runtime.spawn(async move {
+                    let _ = match call.await {
+                        Ok(answer) => {
+                            tier.count_forward(by_value, len);
+                            reply.send(&answer.metadata, &answer.payload)
+                        }
+                        Err(status) => reply.fail(&status),
+                    };
+                });
+                Ok(())
+            }
+            Nexts::Pipelined(downs) => {
+                let reply = resp.defer()?;
+                let mut down = lock(&downs[next]);
+                // Copied into the next tier's receive buffer here (by value), or the 32-byte
+                // Ref; published with the batch it joins.
+                match down.pipe.submit(method, payload) {
+                    Ok(id) => {
+                        down.waiting[slot_of(id)] = Some(Forwarded {
+                            reply,
+                            by_value,
+                            len,
+                        });
+                    }
+                    Err(status) => {
+                        let _ = reply.fail(&status);
+                    }
                 }
-                Err(status) => reply.fail(&status),
-            };
-        });
-        Ok(())
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the replies of the pipelined calls that were answered; whether there were any.
+    fn collect(&self) -> bool {
+        let Nexts::Pipelined(downs) = &self.nexts else {
+            return false;
+        };
+        let mut any = false;
+        for down in downs {
+            let mut down = lock(down);
+            let Downstream { pipe, waiting } = &mut *down;
+            let polled = pipe.poll(|id, reply| {
+                let Some(f) = waiting.get_mut(slot_of(id)).and_then(Option::take) else {
+                    return;
+                };
+                let _ = match reply {
+                    Ok(bytes) => {
+                        self.count_forward(f.by_value, f.len);
+                        f.reply.send(&netless::Metadata::new(), bytes)
+                    }
+                    Err(status) => f.reply.fail(&status),
+                };
+            });
+            match polled {
+                Ok(n) => any |= n > 0,
+                Err(status) => {
+                    // The next tier is gone: fail everything waiting on it.
+                    for f in waiting.iter_mut().filter_map(Option::take) {
+                        let _ = f.reply.fail(&status);
+                        any = true;
+                    }
+                }
+            }
+        }
+        any
     }
 
     /// Counts a forwarded call of `len` payload bytes, once it succeeded (so the copy surely
@@ -521,50 +682,89 @@ fn prefault(domain: &Domain) -> anyhow::Result<()> {
 
 /// `bench-peer dmrpc-tier`: serves `--service` until stdin closes.
 pub fn serve_tier(args: TierArgs) -> anyhow::Result<()> {
-    if let Some(cpu) = args.pin_cpu {
+    if !args.cpus.is_empty() {
         // Before any thread starts, so every thread of the process inherits it.
-        netless_shm::pin_current_thread(cpu)?;
+        netless_shm::pin_current_thread_to(&args.cpus)?;
     }
     let domain = Domain::join(&domain_config(&args.domain, &args.dir))
         .with_context(|| format!("joining domain `{}`", args.domain))?;
-    // The next tier's reply takes at least one more hop: its waiter sleeps at once rather
-    // than spin on a core the tiers behind it need.
-    let nexts = args
-        .next
-        .iter()
-        .map(|s| Client::connect_with(s, client_config(&args.dir, 0)))
-        .collect::<Result<Vec<_>, _>>()?;
     if args.prefault {
         prefault(&domain)?;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let handle = runtime.handle().clone();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let driver = std::thread::Builder::new()
-        .name("dmrpc-forward".into())
-        .spawn(move || {
-            runtime.block_on(async {
-                let _ = stop_rx.await;
-            })
-        })?;
+    // The next tier's reply takes at least one more hop: its waiter sleeps at once rather
+    // than spin on a core the tiers behind it need. (A pipelined tier's worker waits on its
+    // queue and its pipelines together, with the server's policy.)
+    let next_config = || client_config(&args.dir, wait_policy(WaitMode::Futex, 0));
+    let mut driver = None;
+    let nexts = match args.forward {
+        Forward::Pipelined => Nexts::Pipelined(
+            args.next
+                .iter()
+                .map(|s| {
+                    let config = ClientConfig {
+                        max_in_flight: TIER_PIPELINE_DEPTH,
+                        ..next_config()
+                    };
+                    Ok(Mutex::new(Downstream {
+                        pipe: Pipeline::connect(s, config)?,
+                        waiting: (0..TIER_PIPELINE_DEPTH).map(|_| None).collect(),
+                    }))
+                })
+                .collect::<Result<_, Status>>()?,
+        ),
+        Forward::Async => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let handle = runtime.handle().clone();
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let thread = std::thread::Builder::new()
+                .name("dmrpc-forward".into())
+                .spawn(move || {
+                    runtime.block_on(async {
+                        let _ = stop_rx.await;
+                    })
+                })?;
+            driver = Some((stop_tx, thread));
+            Nexts::Async(
+                args.next
+                    .iter()
+                    .map(|s| Client::connect_with(s, next_config()))
+                    .collect::<Result<_, _>>()?,
+                handle,
+            )
+        }
+        Forward::Blocking => Nexts::Blocking(
+            args.next
+                .iter()
+                .map(|s| Client::connect_with(s, next_config()))
+                .collect::<Result<_, _>>()?,
+        ),
+    };
+    let methods = ["value", "ref"].map(|kind| {
+        (0..=MAX_HOPS as usize)
+            .map(|n| format!("{kind}/{n}"))
+            .collect()
+    });
     let tier = Arc::new(Tier {
         domain,
         nexts,
         rr: AtomicUsize::new(0),
-        runtime: handle,
         requests: AtomicU64::new(0),
         forwarded: AtomicU64::new(0),
         payload_bytes: AtomicU64::new(0),
         handle_bytes: AtomicU64::new(0),
         maps: AtomicU64::new(0),
         scribble: vec![0xee; *COW_SIZES.iter().max().expect("sizes")],
-        blocking: args.workers > 0,
+        methods,
     });
+    let workers = match args.forward {
+        Forward::Blocking => args.workers.max(1),
+        _ => 1,
+    };
     let config = ServerConfig {
-        workers: args.workers.max(1),
-        wait: wait_policy(args.spin_us),
+        workers,
+        wait: wait_policy(args.wait, args.spin_us),
         block_size: TIER_BLOCK,
         buffer_bytes: Some(TIER_BUFFER),
         dir: Some(args.dir.clone()),
@@ -575,8 +775,10 @@ pub fn serve_tier(args: TierArgs) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
     drop(server);
-    let _ = stop_tx.send(());
-    let _ = driver.join();
+    if let Some((stop, thread)) = driver {
+        let _ = stop.send(());
+        let _ = thread.join();
+    }
     Ok(())
 }
 
@@ -643,6 +845,8 @@ struct Row {
     /// The same ratio, as the median over the interleaved rounds of the ratio within each
     /// round (robust against a busy host during part of the run).
     ratio_median_of_rounds: Option<f64>,
+    /// Throughput of each interleaved round, calls/s.
+    round_throughputs_per_s: Vec<f64>,
     /// Every reply was checked (sums; for cow, the callee's view and the client's buffer
     /// afterwards).
     verified: bool,
@@ -752,6 +956,7 @@ impl Acc {
             unmap_us: None,
             ratio_vs_baseline: None,
             ratio_median_of_rounds: None,
+            round_throughputs_per_s: self.rounds.clone(),
             verified: self.calls > 0,
             retries: self.retries,
         }
@@ -790,14 +995,6 @@ impl Window {
             unmap_ns: 0,
         }
     }
-
-    fn merge(&mut self, o: Window) {
-        self.calls += o.calls;
-        self.hist.add(&o.hist).ok();
-        self.retries += o.retries;
-        self.payload_bytes += o.payload_bytes;
-        self.handle_bytes += o.handle_bytes;
-    }
 }
 
 /// What the client sends: the array itself, or a fresh Ref to its copy in the pool.
@@ -807,10 +1004,21 @@ enum Payload {
     Ref(Arc<SharedBuf>),
 }
 
-/// Keeps `in_flight` calls of `method` outstanding against `client` for `window`, checking
-/// every reply against `expect`.
-async fn closed_loop(
-    client: &Client,
+impl Payload {
+    /// The array's size.
+    fn len(&self) -> usize {
+        match self {
+            Payload::Value(data) => data.len(),
+            Payload::Ref(buf) => buf.len(),
+        }
+    }
+}
+
+/// Keeps `in_flight` calls of `method` outstanding on `pipe` for `window`, checking every
+/// reply against `expect`; calls refused with RESOURCE_EXHAUSTED (a full receive buffer
+/// somewhere) are counted as retries and made again once replies come.
+fn closed_loop(
+    pipe: &mut Pipeline,
     method: &str,
     payload: &Payload,
     expect: u64,
@@ -820,61 +1028,90 @@ async fn closed_loop(
 ) -> anyhow::Result<Window> {
     let started = Instant::now();
     let deadline = started + window;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..in_flight {
-        let (client, method, payload, domain) = (
-            client.clone(),
-            method.to_string(),
-            payload.clone(),
-            domain.clone(),
-        );
-        tasks.spawn(async move {
-            let mut w = Window::new();
-            let options = CallOptions::new();
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                let (result, sent) = match &payload {
-                    Payload::Value(data) => {
-                        (client.call_async(&method, data, &options).await, None)
+    let mut w = Window::new();
+    // By call slot: when it was sent, and its Ref (revoked if the call fails).
+    let mut sent: Vec<Option<(Instant, Option<Ref>)>> = Vec::new();
+    let mut outstanding = 0usize;
+    let mut failure: Option<String> = None;
+    loop {
+        let now = Instant::now();
+        while outstanding < in_flight && now < deadline {
+            let (bytes, r) = match payload {
+                Payload::Value(_) => (None, None),
+                Payload::Ref(buf) => {
+                    let r = buf.share()?;
+                    (Some(r.to_bytes()), Some(r))
+                }
+            };
+            let body: &[u8] = match (payload, &bytes) {
+                (Payload::Value(data), _) => data,
+                (_, Some(b)) => b,
+                _ => unreachable!("a Ref payload has its bytes"),
+            };
+            match pipe.submit(method, body) {
+                Ok(id) => {
+                    let slot = (id & 0xffff_ffff) as usize;
+                    if sent.len() <= slot {
+                        sent.resize_with(slot + 1, || None);
                     }
-                    Payload::Ref(buf) => {
-                        let r = buf.share()?;
-                        let bytes = r.to_bytes();
-                        (client.call_async(&method, &bytes, &options).await, Some(r))
+                    sent[slot] = Some((Instant::now(), r));
+                    outstanding += 1;
+                    match payload {
+                        Payload::Value(data) => w.payload_bytes += data.len() as u64,
+                        Payload::Ref(_) => w.handle_bytes += Ref::LEN as u64,
                     }
-                };
-                match result {
-                    Ok(reply) => {
-                        let got = u64s(&reply.payload);
-                        if got.as_slice() != [expect] {
-                            bail!("`{method}` returned {got:?}, expected the sum {expect}");
-                        }
-                        w.hist.saturating_record(t.elapsed().as_nanos() as u64);
-                        w.calls += 1;
-                        match &payload {
-                            Payload::Value(data) => w.payload_bytes += data.len() as u64,
-                            Payload::Ref(_) => w.handle_bytes += Ref::LEN as u64,
-                        }
+                }
+                Err(status) if status.code() == Code::ResourceExhausted && outstanding > 0 => {
+                    if let Some(r) = r {
+                        let _ = domain.revoke(&r);
                     }
-                    Err(status) if status.code() == Code::ResourceExhausted => {
-                        if let Some(r) = sent {
-                            let _ = domain.revoke(&r);
-                        }
-                        w.retries += 1;
-                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    w.retries += 1;
+                    break;
+                }
+                Err(status) => bail!("`{method}` failed: {status}"),
+            }
+        }
+        if outstanding == 0 {
+            break;
+        }
+        pipe.wait(Some(Duration::from_secs(10)))
+            .with_context(|| format!("waiting for `{method}`"))?;
+        pipe.poll(|id, reply| {
+            let Some((t, r)) = sent
+                .get_mut((id & 0xffff_ffff) as usize)
+                .and_then(Option::take)
+            else {
+                return;
+            };
+            outstanding -= 1;
+            match reply {
+                Ok(bytes) if u64s(bytes).as_slice() == [expect] => {
+                    w.hist.saturating_record(t.elapsed().as_nanos() as u64);
+                    w.calls += 1;
+                }
+                Ok(bytes) => {
+                    failure.get_or_insert(format!(
+                        "`{method}` returned {:?}, expected the sum {expect}",
+                        u64s(bytes)
+                    ));
+                }
+                Err(status) if status.code() == Code::ResourceExhausted => {
+                    if let Some(r) = r {
+                        let _ = domain.revoke(&r);
                     }
-                    Err(status) => bail!("`{method}` failed: {status}"),
+                    w.retries += 1;
+                }
+                Err(status) => {
+                    failure.get_or_insert(format!("`{method}` failed: {status}"));
                 }
             }
-            Ok(w)
-        });
+        })?;
+        if let Some(failure) = failure.take() {
+            bail!(failure);
+        }
     }
-    let mut total = Window::new();
-    while let Some(done) = tasks.join_next().await {
-        total.merge(done??);
-    }
-    total.elapsed = started.elapsed();
-    Ok(total)
+    w.elapsed = started.elapsed();
+    Ok(w)
 }
 
 /// One operation at a time for `window`: `share()` the buffer, the callee maps it and writes
@@ -951,11 +1188,11 @@ fn deltas(before: &[Counts], after: &[Counts], w: &Window) -> Vec<Counts> {
 }
 
 /// The order of the two variants in round `round`: alternating which goes first.
-fn order(round: u32) -> [usize; 2] {
+fn order(round: u32, n: usize) -> Vec<usize> {
     if round.is_multiple_of(2) {
-        [0, 1]
+        (0..n).collect()
     } else {
-        [1, 0]
+        (0..n).rev().collect()
     }
 }
 
@@ -965,17 +1202,21 @@ struct Ctx {
     dir: PathBuf,
     domain: Domain,
     spin_us: u64,
+    wait: WaitMode,
     /// (this process's CPU, the other one), unless not pinning.
     cpus: Option<(usize, usize)>,
+    placement: Placement,
     forward: Forward,
     in_flight: usize,
+    batch: u32,
+    chain_sizes: Vec<usize>,
+    hops: Vec<u32>,
     window: Duration,
     warmup: Duration,
     /// Calls a warm-up makes at least, unless it takes longer than `warmup_cap`.
     warmup_calls: u64,
     warmup_cap: Duration,
     rounds: u32,
-    runtime: tokio::runtime::Runtime,
     bar: indicatif::ProgressBar,
 }
 
@@ -991,9 +1232,12 @@ impl Ctx {
     ) -> anyhow::Result<Peer> {
         let dir = self.dir.to_str().context("socket directory is not UTF-8")?;
         let spin = self.spin_us.to_string();
-        let workers = match self.forward {
-            Forward::Async => "0".to_string(),
-            Forward::Blocking => self.in_flight.to_string(),
+        let wait = self.wait.to_string();
+        let workers = self.in_flight.to_string();
+        let forward = match self.forward {
+            Forward::Pipelined => "pipelined",
+            Forward::Async => "async",
+            Forward::Blocking => "blocking",
         };
         let mut args = vec![
             "bench-peer",
@@ -1006,17 +1250,23 @@ impl Ctx {
             DOMAIN,
             "--spin-us",
             &spin,
+            "--wait",
+            &wait,
+            "--forward",
+            forward,
             "--workers",
             &workers,
         ];
         for n in next {
             args.extend(["--next", n]);
         }
-        let cpu = self
-            .cpus
-            .map(|(mine, other)| if same_cpu { mine } else { other }.to_string());
-        if let Some(cpu) = &cpu {
-            args.extend(["--pin-cpu", cpu]);
+        let cpus = self.cpus.map(|(mine, other)| match self.placement {
+            Placement::Alternate if same_cpu => mine.to_string(),
+            Placement::Alternate => other.to_string(),
+            _ => format!("{mine},{other}"),
+        });
+        if let Some(cpus) = &cpus {
+            args.extend(["--cpus", cpus]);
         }
         if prefault {
             args.push("--prefault");
@@ -1025,65 +1275,121 @@ impl Ctx {
         Ok(peer)
     }
 
+    fn wait(&self) -> WaitPolicy {
+        wait_policy(self.wait, self.spin_us)
+    }
+
+    /// Calls kept in flight with arrays of `size` bytes: `--in-flight`, or as many as fit a
+    /// tier's receive buffer by value (so that large arrays are not mostly NACKed).
+    fn in_flight_for(&self, size: usize) -> usize {
+        self.in_flight.min((TIER_BUFFER / size.max(1)).max(8))
+    }
+
+    /// Connects to a tier and sets its `batch` register.
     fn connect(&self, service: &str) -> anyhow::Result<Client> {
-        Client::connect_with(service, client_config(&self.dir, self.spin_us))
-            .with_context(|| format!("connecting to `{service}`"))
+        let client = Client::connect_with(service, client_config(&self.dir, self.wait()))
+            .with_context(|| format!("connecting to `{service}`"))?;
+        let set = format!("batch={}", self.batch);
+        client
+            .call(netless::control::SET, set.as_bytes(), &CallOptions::new())
+            .with_context(|| format!("`netless ctl {service} set {set}`"))?;
+        Ok(client)
+    }
+
+    /// A pipeline to `service` deep enough for the calls kept in flight.
+    fn pipeline(&self, service: &str) -> anyhow::Result<Pipeline> {
+        let config = ClientConfig {
+            max_in_flight: (self.in_flight as u32).max(1),
+            ..client_config(&self.dir, self.wait())
+        };
+        Pipeline::connect(service, config).with_context(|| format!("connecting to `{service}`"))
     }
 
     /// Measures the two variants of one point of a closed-loop experiment, interleaved;
     /// `watch` is a process whose CPU time to measure too.
     fn closed_loop_point(
         &self,
-        client: &Client,
+        pipe: &mut Pipeline,
         peers: &[&Client],
         variants: [(&str, &Payload); 2],
         expect: u64,
         watch: Option<u32>,
     ) -> anyhow::Result<[Acc; 2]> {
-        for (method, payload) in variants {
+        let [a, b] = variants.map(|(method, payload)| Variant {
+            method,
+            payload,
+            expect,
+            peers: peers.to_vec(),
+            in_flight: self.in_flight_for(payload.len()),
+        });
+        let mut acc = self.interleaved(pipe, &[a, b], watch)?.into_iter();
+        Ok([
+            acc.next().expect("two variants"),
+            acc.next().expect("two variants"),
+        ])
+    }
+
+    /// Measures `variants` in interleaved rounds (each round in the opposite order of the
+    /// last), after warming each up, so that a drift of the shared host hits them alike and
+    /// round-by-round ratios compare like with like.
+    fn interleaved(
+        &self,
+        pipe: &mut Pipeline,
+        variants: &[Variant<'_>],
+        watch: Option<u32>,
+    ) -> anyhow::Result<Vec<Acc>> {
+        for v in variants {
             let started = Instant::now();
             let mut calls = 0;
             while calls < self.warmup_calls && started.elapsed() < self.warmup_cap {
-                calls += self
-                    .runtime
-                    .block_on(closed_loop(
-                        client,
-                        method,
-                        payload,
-                        expect,
-                        self.in_flight,
-                        self.warmup,
-                        &self.domain,
-                    ))?
-                    .calls;
+                calls += closed_loop(
+                    pipe,
+                    v.method,
+                    v.payload,
+                    v.expect,
+                    v.in_flight,
+                    self.warmup,
+                    &self.domain,
+                )?
+                .calls;
             }
             self.bar.inc(1);
         }
-        let mut acc = [Acc::new(), Acc::new()];
+        let mut acc: Vec<Acc> = variants.iter().map(|_| Acc::new()).collect();
         for round in 0..self.rounds {
-            for k in order(round) {
-                let (method, payload) = variants[k];
-                let before = snapshot(&self.domain, peers)?;
+            for k in order(round, variants.len()) {
+                let v = &variants[k];
+                let before = snapshot(&self.domain, &v.peers)?;
                 let cpu_before = watch.map(cpu_time);
-                let w = self.runtime.block_on(closed_loop(
-                    client,
-                    method,
-                    payload,
-                    expect,
-                    self.in_flight,
+                let w = closed_loop(
+                    pipe,
+                    v.method,
+                    v.payload,
+                    v.expect,
+                    v.in_flight,
                     self.window,
                     &self.domain,
-                ))?;
+                )?;
                 if let (Some(pid), Some(before)) = (watch, cpu_before) {
                     acc[k].cpu += cpu_time(pid).saturating_sub(before);
                 }
-                let after = snapshot(&self.domain, peers)?;
+                let after = snapshot(&self.domain, &v.peers)?;
                 acc[k].add(&w, &deltas(&before, &after, &w));
                 self.bar.inc(1);
             }
         }
         Ok(acc)
     }
+}
+
+/// One variant of an interleaved measurement: the call, what it should return, and the
+/// processes whose counters it involves.
+struct Variant<'a> {
+    method: &'a str,
+    payload: &'a Payload,
+    expect: u64,
+    peers: Vec<&'a Client>,
+    in_flight: usize,
 }
 
 fn ratio(a: f64, b: f64) -> Option<f64> {
@@ -1111,12 +1417,12 @@ fn compared(
 
 /// The median of the round-by-round ratios of `acc` over `base`.
 fn median_ratio(acc: &Acc, base: &Acc) -> Option<f64> {
-    let mut r: Vec<f64> = acc
-        .rounds
-        .iter()
-        .zip(&base.rounds)
-        .filter_map(|(&a, &b)| ratio(a, b))
-        .collect();
+    median_of_ratios(&acc.rounds, &base.rounds)
+}
+
+/// The median of `a[i] / b[i]` over the rounds both have.
+fn median_of_ratios(a: &[f64], b: &[f64]) -> Option<f64> {
+    let mut r: Vec<f64> = a.iter().zip(b).filter_map(|(&a, &b)| ratio(a, b)).collect();
     if r.is_empty() {
         return None;
     }
@@ -1143,29 +1449,45 @@ fn nested_chain(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
         .iter()
         .map(|n| ctx.connect(n))
         .collect::<anyhow::Result<_>>()?;
+    let mut pipe = ctx.pipeline(&names[0])?;
     let mut rows = Vec::new();
-    for &size in &CHAIN_SIZES {
+    for &size in &ctx.chain_sizes {
         let data = Arc::new(pattern(size));
         let expect = sum_words(&data);
         let value = Payload::Value(data.clone());
         // Written into the pool once; every call shares it afresh.
         let pooled = Payload::Ref(Arc::new(ctx.domain.alloc_from(&data)?));
-        for hops in 1..=MAX_HOPS {
-            let (mv, mr) = (format!("value/{hops}"), format!("ref/{hops}"));
+        // Every hop count and both variants in each round: the 7-hop / 1-hop ratios compare
+        // windows measured side by side, as the by-ref / by-value ratios do.
+        let methods: Vec<[String; 2]> = ctx
+            .hops
+            .iter()
+            .map(|h| [format!("value/{h}"), format!("ref/{h}")])
+            .collect();
+        let mut variants = Vec::new();
+        for (&hops, [mv, mr]) in ctx.hops.iter().zip(&methods) {
             let involved: Vec<&Client> = tiers[..hops as usize].iter().collect();
-            let acc = ctx.closed_loop_point(
-                &tiers[0],
-                &involved,
-                [(&mv, &value), (&mr, &pooled)],
-                expect,
-                None,
-            )?;
+            for (method, payload) in [(mv, &value), (mr, &pooled)] {
+                variants.push(Variant {
+                    method,
+                    payload,
+                    expect,
+                    peers: involved.clone(),
+                    in_flight: ctx.in_flight_for(size),
+                });
+            }
+        }
+        let mut accs = ctx.interleaved(&mut pipe, &variants, None)?.into_iter();
+        for &hops in &ctx.hops {
+            let (Some(v), Some(r)) = (accs.next(), accs.next()) else {
+                break;
+            };
             let mut pair = compared(
-                &acc,
+                &[v, r],
                 "nested_chain",
                 ["by_value", "by_ref"],
                 size,
-                ctx.in_flight,
+                ctx.in_flight_for(size),
                 0,
             );
             for row in &mut pair {
@@ -1200,7 +1522,7 @@ fn copy_on_write(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
             }
             let mut acc = [Acc::new(), Acc::new()];
             for round in 0..ctx.rounds {
-                for k in order(round) {
+                for k in order(round, 2) {
                     let before = snapshot(&ctx.domain, &[&client])?;
                     let w = sequential_ops(&client, &methods[k], &buf, &data, ctx.window)?;
                     let after = snapshot(&ctx.domain, &[&client])?;
@@ -1242,6 +1564,7 @@ fn load_balancer(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
     let lb = ctx.spawn_tier("lb", &["w0", "w1"], false, false)?;
     let clients = [ctx.connect("lb")?, ctx.connect("w0")?, ctx.connect("w1")?];
     let peers: Vec<&Client> = clients.iter().collect();
+    let mut pipe = ctx.pipeline("lb")?;
     let mut rows = Vec::new();
     for &size in &LB_SIZES {
         let data = Arc::new(pattern(size));
@@ -1249,7 +1572,7 @@ fn load_balancer(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
         let value = Payload::Value(data.clone());
         let pooled = Payload::Ref(Arc::new(ctx.domain.alloc_from(&data)?));
         let acc = ctx.closed_loop_point(
-            &clients[0],
+            &mut pipe,
             &peers,
             [("value/2", &value), ("ref/2", &pooled)],
             expect,
@@ -1260,7 +1583,7 @@ fn load_balancer(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
             "load_balancer",
             ["by_value", "by_ref"],
             size,
-            ctx.in_flight,
+            ctx.in_flight_for(size),
             0,
         );
         for (row, a) in pair.iter_mut().zip(&acc) {
@@ -1290,7 +1613,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rounds = args.rounds.unwrap_or(if quick { 1 } else { 6 });
     let run_dir = RunDir::create("dmrpc")?;
     let cpus = match netless_shm::allowed_cpus().as_slice() {
-        [a, b, ..] if !args.no_pin => Some((*a, *b)),
+        [a, b, ..] if args.pin != Placement::None => Some((*a, *b)),
         _ => None,
     };
     if let Some((mine, _)) = cpus {
@@ -1301,7 +1624,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // This process founds the domain; the tiers join it.
     let domain = Domain::join(&domain_config(DOMAIN, &run_dir.path))?;
     let runs = |e: Experiment| args.only.is_empty() || args.only.contains(&e);
-    let points = usize::from(runs(Experiment::Chain)) * CHAIN_SIZES.len() * MAX_HOPS as usize
+    let chain_sizes = if args.chain_sizes.is_empty() {
+        CHAIN_SIZES.to_vec()
+    } else {
+        args.chain_sizes.clone()
+    };
+    let hops = if args.hops.is_empty() {
+        (1..=MAX_HOPS).collect()
+    } else {
+        args.hops.clone()
+    };
+    if let Some(bad) = hops.iter().find(|&&h| h == 0 || h > MAX_HOPS) {
+        bail!("--hops takes 1 to {MAX_HOPS}, not {bad}");
+    }
+    if chain_sizes.iter().any(|&s| s < 4 || s % 4 != 0) {
+        bail!("--chain-sizes takes multiples of 4 bytes");
+    }
+    let points = usize::from(runs(Experiment::Chain)) * chain_sizes.len() * hops.len()
         + usize::from(runs(Experiment::Cow)) * COW_SIZES.len() * WRITE_PERMILLE.len()
         + usize::from(runs(Experiment::Lb)) * LB_SIZES.len();
     let bar = indicatif::ProgressBar::new((points * 2 * (rounds as usize + 1)) as u64)
@@ -1315,17 +1654,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         dir: run_dir.path.clone(),
         domain,
         spin_us: args.spin_us,
+        wait: args.wait,
         cpus,
+        placement: args.pin,
         forward: args.forward,
         in_flight: args.in_flight,
+        batch: args.batch,
+        chain_sizes,
+        hops,
         window,
         warmup: (window / 5).max(Duration::from_millis(4)),
         warmup_calls: if quick { 8 } else { WARMUP_CALLS },
         warmup_cap: Duration::from_millis(if quick { 100 } else { 1000 }),
         rounds,
-        runtime: tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
         bar,
     };
     let mut rows = Vec::new();
@@ -1383,7 +1724,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 window_ms: window.as_millis() as u64,
                 rounds,
                 spin_us: ctx.spin_us,
-                pinned: cpus.is_some(),
+                placement: if cpus.is_some() {
+                    args.pin
+                } else {
+                    Placement::None
+                },
                 forward: args.forward,
                 quick,
             },
@@ -1428,7 +1773,7 @@ struct Config {
     window_ms: u64,
     rounds: u32,
     spin_us: u64,
-    pinned: bool,
+    placement: Placement,
     forward: Forward,
     quick: bool,
 }
@@ -1492,11 +1837,17 @@ impl Summary {
     fn of(rows: &[Row]) -> Summary {
         let chain = |v: &str, size, hops| find(rows, "nested_chain", v, size, Some(hops), None);
         let tput = |r: Option<&Row>| r.map(|r| r.throughput_per_s);
+        // Hop counts are interleaved round by round: the median of the rounds' ratios.
         let hop_ratio = |v: &str| -> Vec<SizeRatio> {
             CHAIN_SIZES
                 .iter()
                 .filter_map(|&s| {
-                    let value = ratio(tput(chain(v, s, MAX_HOPS))?, tput(chain(v, s, 1))?)?;
+                    let (far, near) = (chain(v, s, MAX_HOPS)?, chain(v, s, 1)?);
+                    let value = median_of_ratios(
+                        &far.round_throughputs_per_s,
+                        &near.round_throughputs_per_s,
+                    )
+                    .or_else(|| ratio(tput(Some(far))?, tput(Some(near))?))?;
                     Some(SizeRatio {
                         size_bytes: s,
                         value,
@@ -1544,6 +1895,20 @@ impl Summary {
                 r.forwarder_bytes_copied_per_call
             }),
         }
+    }
+}
+
+/// "1024", or "1024 (64 with 1 MiB)" when large arrays keep fewer in flight.
+fn in_flight_note(ctx: &Ctx, sizes: &[usize]) -> String {
+    let capped: Vec<String> = sizes
+        .iter()
+        .filter(|&&s| ctx.in_flight_for(s) < ctx.in_flight)
+        .map(|&s| format!("{} with {}", ctx.in_flight_for(s), report::fmt_bytes(s)))
+        .collect();
+    if capped.is_empty() {
+        ctx.in_flight.to_string()
+    } else {
+        format!("{} ({})", ctx.in_flight, capped.join(", "))
     }
 }
 
@@ -1619,12 +1984,13 @@ fn print_tables(rows: &[Row], ctx: &Ctx) {
         ctx.window.as_millis(),
         ctx.rounds,
         ctx.spin_us,
-        if ctx.cpus.is_some() {
-            "; pinned, tiers alternate between two CPUs"
-        } else {
-            ""
+        match (ctx.cpus, ctx.placement) {
+            (None, _) | (_, Placement::None) => "",
+            (_, Placement::Alternate) => "; pinned, tiers alternate between two CPUs",
+            (_, Placement::Client) => "; client pinned, tiers on two CPUs as the kernel balances",
         },
         match ctx.forward {
+            Forward::Pipelined => "pipelined",
             Forward::Async => "asynchronous",
             Forward::Blocking => "blocking",
         }
@@ -1650,7 +2016,7 @@ fn print_tables(rows: &[Row], ctx: &Ctx) {
         &format!(
             "(a) nested chain (Fig. 5): {} calls in flight; the last tier sums the array; \
              copied = payload + pool bytes per call, all processes",
-            ctx.in_flight
+            in_flight_note(ctx, &ctx.chain_sizes)
         ),
         &[
             "array",
@@ -1733,7 +2099,7 @@ fn print_tables(rows: &[Row], ctx: &Ctx) {
         &format!(
             "(c) load balancer (Fig. 6): client → lb → w0/w1 round robin, {} calls in flight; \
              copied/handles/cpu = per request inside the forwarder",
-            ctx.in_flight
+            in_flight_note(ctx, &LB_SIZES)
         ),
         &[
             "payload",
@@ -1899,7 +2265,8 @@ mod tests {
             pool_pages: 7,
         };
         assert_eq!(Counts::from_fields(&u64s(&to_bytes(&c.fields()))), Some(c));
-        assert_eq!(order(0), [0, 1]);
-        assert_eq!(order(1), [1, 0]);
+        assert_eq!(order(0, 2), [0, 1]);
+        assert_eq!(order(1, 2), [1, 0]);
+        assert_eq!(order(3, 3), [2, 1, 0]);
     }
 }
