@@ -15,8 +15,9 @@ pub const DEFAULT_MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
 /// Default size from which a payload travels as a Ref through the domain's page pool when
 /// client and server share one: the crossover `netless bench dmrpc --only transfer` measured
-/// on a 2-core VM (by value faster up to 32 KiB, by reference from 64 KiB).
-pub const DEFAULT_REF_THRESHOLD: usize = 64 * 1024;
+/// on a 2-core VM (three runs on 2026-11-24, medians: by value faster up to 8 KiB, even at
+/// 16 KiB, by reference 1.09× faster at 32 KiB and 1.15× at 64 KiB).
+pub const DEFAULT_REF_THRESHOLD: usize = 32 * 1024;
 
 /// Default receive buffer of a server with no SLO: 1 MiB (shared, or per worker).
 pub const DEFAULT_BUFFER_BYTES: usize = 1 << 20;
