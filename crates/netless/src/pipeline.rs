@@ -33,6 +33,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use netless_ring::prefetch::prefetch_write_range;
 use netless_ring::EnqueueError;
 
 use crate::client::{error_status, parse_response, Client, Shared};
@@ -409,6 +410,11 @@ impl Pipeline {
                 shared.service
             )));
         };
+        // Take the run's lines exclusive now (the server read them last): the requests'
+        // stores then find them here instead of each waiting for its own transfer.
+        if let Some(run) = shared.replica.block_run(start, blocks) {
+            prefetch_write_range(run, blocks as usize * block, 64);
+        }
         self.staged = Some(Staged {
             start,
             blocks,
