@@ -485,10 +485,11 @@ impl Client {
             match shared.submit(method, options.request_metadata(), payload, deadline, true) {
                 Ok((index, _call_id)) => {
                     // The reaper only parks for long when no async call is outstanding: wake
-                    // it (a system call) only for the first one, not for every call.
-                    if shared.async_waiters.fetch_add(1, Ordering::AcqRel) == 0
-                        || lock(&self.handle.reaper).is_none()
-                    {
+                    // it (a system call) only for the first one, not for every call, and not
+                    // even then if this call will poll the ring itself (it spins first, and
+                    // hands over to the reaper, waking it, if its spin runs out).
+                    let first = shared.async_waiters.fetch_add(1, Ordering::AcqRel) == 0;
+                    if lock(&self.handle.reaper).is_none() || (first && !self.may_spin()) {
                         self.ensure_reaper();
                     }
                     AsyncState::Ring { index }
@@ -496,10 +497,7 @@ impl Client {
                 Err(status) => AsyncState::Failed(Some(status)),
             }
         };
-        let wait = &shared.config.wait;
-        let may_spin = matches!(state, AsyncState::Ring { .. })
-            && wait.mode != netless_ring::WaitMode::Futex
-            && !wait.spin.is_zero();
+        let may_spin = matches!(state, AsyncState::Ring { .. }) && self.may_spin();
         CallFuture {
             client: self.clone(),
             state,
@@ -508,6 +506,13 @@ impl Client {
             spin_until: None,
             progress: 0,
         }
+    }
+
+    /// Whether this client's async calls spin in their executor before leaving the ring to
+    /// the reaper.
+    fn may_spin(&self) -> bool {
+        let wait = &self.handle.shared.config.wait;
+        wait.mode != netless_ring::WaitMode::Futex && !wait.spin.is_zero()
     }
 
     fn ensure_reaper(&self) {
@@ -1560,6 +1565,31 @@ impl Future for CallFuture {
                 if state_of(slot.state.load(Ordering::Acquire)) == DONE {
                     return finish(this, shared.take_reply(index));
                 }
+                // The spinner's role first, so that the drain below, seeing a spinner, leaves
+                // the reaper asleep instead of waking it (a system call, and a thread on this
+                // core) for a call this task polls itself.
+                if this.spin_until.is_none() {
+                    // Adopt a vacant role (held for us, the reaper is off the ring), or take a
+                    // free one.
+                    let adopted = shared
+                        .role_vacant
+                        .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok();
+                    let claimed = !adopted
+                        && this.may_spin
+                        && shared
+                            .spinning
+                            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok();
+                    if adopted || claimed {
+                        this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
+                        this.progress = shared.delivered.load(Ordering::Relaxed);
+                    }
+                    if claimed {
+                        // Get the reaper out of its wait (where it holds the ring).
+                        netless_ring::ring(shared.conn.doorbell());
+                    }
+                }
                 if let Some(mut consumer) = shared.consumer.try_lock() {
                     let drained = shared.drain(&mut consumer, None);
                     drop(consumer);
@@ -1589,28 +1619,6 @@ impl Future for CallFuture {
                         None => Err(shared.death_status()),
                     };
                     return finish(this, result);
-                }
-                if this.spin_until.is_none() {
-                    // Adopt a vacant role (held for us, the reaper is off the ring), or take a
-                    // free one.
-                    let adopted = shared
-                        .role_vacant
-                        .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok();
-                    let claimed = !adopted
-                        && this.may_spin
-                        && shared
-                            .spinning
-                            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-                            .is_ok();
-                    if adopted || claimed {
-                        this.spin_until = Instant::now().checked_add(shared.config.wait.spin);
-                        this.progress = shared.delivered.load(Ordering::Relaxed);
-                    }
-                    if claimed {
-                        // Get the reaper out of its wait (where it holds the ring).
-                        netless_ring::ring(shared.conn.doorbell());
-                    }
                 }
                 if this.spin_until.is_some() {
                     // Replies are flowing (calls ahead of this one in the server's queue):
