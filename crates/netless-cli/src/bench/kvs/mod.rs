@@ -10,7 +10,11 @@
 //! `Get`/`Set`, uniform keys, uniform connections. This process drives both through their
 //! stdin and stdout, sleeping meanwhile on the first CPU. Every configuration gets a fresh
 //! server and generator; the peers die with this process (`PR_SET_PDEATHSIG`) and are stopped
-//! (stdin closed, then killed) when a configuration ends or fails.
+//! (stdin closed, then killed) when its sweep ends or fails. The configurations the
+//! acceptance compares (`shared`, `shared-slo` and `per-connection` at one connection count)
+//! are swept together, their servers and generators all started: at each load point each is
+//! measured in turn, in an order that alternates from point to point, so that the shared
+//! host's drifts hit them alike.
 //!
 //! **Service time.** On two cores, one core of load generator must offer twice what one core
 //! of server serves. The server's cost per request is mostly transport, not the key-value
@@ -791,77 +795,146 @@ fn baseline(ctx: &Ctx, quick: bool, work_us: f64) -> anyhow::Result<Baseline> {
     })
 }
 
-/// Sweeps one configuration.
+/// A configuration's server and generator, started and warmed for a sweep.
+struct Running<'c> {
+    config: &'c Config,
+    server: PeerProcess,
+    generator: PeerProcess,
+    open: Stats,
+    rows: Vec<Row>,
+}
+
+impl<'c> Running<'c> {
+    fn start(ctx: &Ctx, base: &Baseline, config: &'c Config) -> anyhow::Result<Running<'c>> {
+        let service = format!("kv.{}", ctx_service_suffix(config));
+        let mut server = ctx.server(
+            &service,
+            config,
+            Some((base.slo_us, base.zero_load_server.mean_us)),
+        )?;
+        let mut generator = ctx.generator(&service, config.connections)?;
+        // The server counts a connection once its acceptor has registered it, a moment after
+        // the client's handshake.
+        let mut open: Stats = server.ask("stats")?;
+        let since = Instant::now();
+        while (open.connections as usize) < config.connections
+            && since.elapsed() < PEER_TIMEOUT / 10
+        {
+            std::thread::sleep(Duration::from_millis(20));
+            open = server.ask("stats")?;
+        }
+        if open.connections as usize != config.connections {
+            bail!(
+                "{} connections open instead of {}",
+                open.connections,
+                config.connections
+            );
+        }
+        // Use every connection once, then warm the store.
+        let warm: ZeroLoad = generator.ask("warm")?;
+        if warm.failed > 0 {
+            bail!("{} of the warm-up calls failed", warm.failed);
+        }
+        let _: ZeroLoad = generator.ask("zero 300 5")?;
+        let _: ServerWindow = server.ask("window 0.99")?;
+        Ok(Running {
+            config,
+            server,
+            generator,
+            open,
+            rows: Vec::new(),
+        })
+    }
+}
+
+/// Sweeps `configs` together: at each load point, each configuration in turn (the order
+/// alternating from point to point), so that a drift of the shared host hits the
+/// configurations compared alike. Returns each configuration's rows.
 fn sweep(
     ctx: &Ctx,
     base: &Baseline,
-    config: &Config,
+    configs: &[&Config],
     fractions: &[f64],
     (window, repeats): (Duration, u32),
     bar: &indicatif::ProgressBar,
-) -> anyhow::Result<Vec<Row>> {
-    let service = format!("kv.{}", ctx_service_suffix(config));
-    bar.set_message(format!("{} × {}", config.mode, config.connections));
-    let mut server = ctx.server(
-        &service,
-        config,
-        Some((base.slo_us, base.zero_load_server.mean_us)),
-    )?;
-    let mut generator = ctx.generator(&service, config.connections)?;
-    // The server counts a connection once its acceptor has registered it, a moment after
-    // the client's handshake.
-    let mut open: Stats = server.ask("stats")?;
-    let since = Instant::now();
-    while (open.connections as usize) < config.connections && since.elapsed() < PEER_TIMEOUT / 10 {
-        std::thread::sleep(Duration::from_millis(20));
-        open = server.ask("stats")?;
-    }
-    if open.connections as usize != config.connections {
-        bail!(
-            "{} connections open instead of {}",
-            open.connections,
-            config.connections
+) -> anyhow::Result<Vec<Vec<Row>>> {
+    let names: Vec<&str> = configs.iter().map(|c| c.mode.as_str()).collect();
+    bar.set_message(format!("{} × {}", names.join(", "), configs[0].connections));
+    let mut running = Vec::new();
+    for config in configs {
+        running.push(
+            Running::start(ctx, base, config).with_context(|| {
+                format!("{} with {} connections", config.mode, config.connections)
+            })?,
         );
     }
-    // Use every connection once, then warm the store.
-    let warm: ZeroLoad = generator.ask("warm")?;
-    if warm.failed > 0 {
-        bail!("{} of the warm-up calls failed", warm.failed);
-    }
-    let _: ZeroLoad = generator.ask("zero 300 5")?;
-    let _: ServerWindow = server.ask("window 0.99")?;
     let warmup = (window / 4).max(Duration::from_millis(30));
-    let mut rows = Vec::new();
     for (k, &fraction) in fractions.iter().enumerate() {
         let planned = fraction * base.capacity_per_s;
-        let mut kept: Option<Row> = None;
-        for attempt in 0..repeats {
-            let (w, sw, stats, noise) = measure_point(
-                ctx,
-                &mut server,
-                &mut generator,
-                planned,
-                warmup,
-                window,
-                (k as u64 + 1) * 100 + u64::from(attempt),
-            )?;
-            let row = make_row(config, &open, base, fraction, planned, w, sw, stats, noise);
-            let better = kept.as_ref().is_none_or(|old| row.rank() < old.rank());
-            let met = row.within_slo;
-            if better {
-                kept = Some(Row {
-                    window_kept: attempt + 1,
-                    ..row
-                });
+        let order: Vec<usize> = if k % 2 == 0 {
+            (0..running.len()).collect()
+        } else {
+            (0..running.len()).rev().collect()
+        };
+        for i in order {
+            let r = &mut running[i];
+            let mut kept: Option<Row> = None;
+            for attempt in 0..repeats {
+                let (w, sw, stats, noise) = measure_point(
+                    ctx,
+                    &mut r.server,
+                    &mut r.generator,
+                    planned,
+                    warmup,
+                    window,
+                    (k as u64 + 1) * 100 + u64::from(attempt),
+                )
+                .with_context(|| {
+                    format!(
+                        "{} with {} connections",
+                        r.config.mode, r.config.connections
+                    )
+                })?;
+                let row = make_row(
+                    r.config, &r.open, base, fraction, planned, w, sw, stats, noise,
+                );
+                let better = kept.as_ref().is_none_or(|old| row.rank() < old.rank());
+                let met = row.within_slo;
+                if better {
+                    kept = Some(Row {
+                        window_kept: attempt + 1,
+                        ..row
+                    });
+                }
+                if met {
+                    break;
+                }
             }
-            if met {
-                break;
-            }
+            r.rows.extend(kept);
+            bar.inc(1);
         }
-        rows.extend(kept);
-        bar.inc(1);
     }
-    Ok(rows)
+    Ok(running.into_iter().map(|r| r.rows).collect())
+}
+
+/// The configurations swept together: those of the provisioning comparison
+/// (`shared`, `shared-slo`, `per-connection`) at the same connection count; every other
+/// configuration alone.
+fn groups(plan: &[Config]) -> Vec<Vec<&Config>> {
+    let compared =
+        |c: &Config| matches!(c.mode.as_str(), "shared" | "shared-slo" | "per-connection");
+    let mut groups: Vec<Vec<&Config>> = Vec::new();
+    for config in plan {
+        match groups.last_mut() {
+            Some(g)
+                if compared(config) && compared(g[0]) && g[0].connections == config.connections =>
+            {
+                g.push(config)
+            }
+            _ => groups.push(vec![config]),
+        }
+    }
+    groups
 }
 
 /// A load point's row from its measurements.
@@ -977,16 +1050,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     let mut rows = Vec::new();
     let mut summaries = Vec::new();
-    for config in &plan {
-        let mine = sweep(&ctx, &base, config, fractions, (window, repeats), &bar)
-            .with_context(|| format!("{} with {} connections", config.mode, config.connections))?;
-        summaries.extend(Summary::of(config, &mine));
-        rows.extend(mine);
+    for group in groups(&plan) {
+        let swept = sweep(&ctx, &base, &group, fractions, (window, repeats), &bar)?;
+        for (config, mine) in group.into_iter().zip(swept) {
+            summaries.extend(Summary::of(config, &mine));
+            rows.extend(mine);
+        }
     }
     bar.finish_and_clear();
     render::print_rows(&rows, &base);
     render::print_summaries(&summaries, &base);
-    let acceptance = render::Acceptance::of(&summaries, &base);
+    let acceptance = render::Acceptance::of(&summaries, &rows, &base);
     render::print_acceptance(&acceptance);
     println!(
         "(machine: {} CPUs, {}; {:.0} s)",
@@ -1022,6 +1096,13 @@ mod tests {
             .find(|c| c.mode == "per-connection-noslo")
             .unwrap();
         assert!(!noslo.slo);
+        // The provisioning comparison is swept three at a time per connection count.
+        let sizes: Vec<usize> = groups(&full).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [3, 3, 3, 1, 1, 1, 1, 1]);
+        assert_eq!(
+            groups(&quick).iter().map(Vec::len).collect::<Vec<_>>(),
+            [2, 2, 2]
+        );
         let shared = &full[0];
         assert_eq!(shared.depth_limit(), 8);
         // (8 + 1) requests of 640 B, doubled, to a power of two.

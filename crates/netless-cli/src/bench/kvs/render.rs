@@ -209,6 +209,15 @@ pub struct Acceptance {
     /// Whether `shared` is not lower at every connection count, within
     /// [`THROUGHPUT_TOLERANCE`].
     pub shared_not_lower: bool,
+    /// The same comparison point by point (the two are swept interleaved): load points at
+    /// which both have a p99 over all calls, at which `shared`'s is the lower, and the
+    /// median of shared / per-connection p99 over them.
+    pub paired_points: u32,
+    pub paired_shared_lower: u32,
+    pub paired_p99_median_ratio: Option<f64>,
+    /// Load points within the SLO for `shared` only, and for `per-connection` only.
+    pub paired_slo_only_shared: u32,
+    pub paired_slo_only_per_connection: u32,
     /// The lowest offered load of the sweeps' top points, × capacity.
     pub min_overload_x_capacity: f64,
     /// Whether every sweep reached 2× the capacity.
@@ -218,8 +227,35 @@ pub struct Acceptance {
 }
 
 impl Acceptance {
-    /// Checks the summaries.
-    pub fn of(summaries: &[Summary], _b: &Baseline) -> Acceptance {
+    /// Checks the summaries, and compares `shared` with `per-connection` point by point.
+    pub fn of(summaries: &[Summary], rows: &[Row], _b: &Baseline) -> Acceptance {
+        let (mut points, mut lower, mut only_shared, mut only_pc) = (0, 0, 0, 0);
+        let mut ratios = Vec::new();
+        for a in rows.iter().filter(|r| r.config.mode == "shared") {
+            let Some(b) = rows.iter().find(|b| {
+                b.config.mode == "per-connection"
+                    && b.config.connections == a.config.connections
+                    && b.load_fraction == a.load_fraction
+            }) else {
+                continue;
+            };
+            if let (Some(pa), Some(pb)) = (a.p99_all_us, b.p99_all_us) {
+                points += 1;
+                lower += u32::from(pa < pb);
+                ratios.push(pa / pb.max(1e-9));
+            }
+            only_shared += u32::from(a.within_slo && !b.within_slo);
+            only_pc += u32::from(b.within_slo && !a.within_slo);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let median = (!ratios.is_empty()).then(|| {
+            let n = ratios.len();
+            if n % 2 == 1 {
+                ratios[n / 2]
+            } else {
+                (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+            }
+        });
         let of = |mode: &str| -> Vec<&Summary> {
             CONNECTIONS
                 .iter()
@@ -262,6 +298,11 @@ impl Acceptance {
                     .iter()
                     .zip(&pc_tput)
                     .all(|(s, p)| *s >= p * (1.0 - THROUGHPUT_TOLERANCE)),
+            paired_points: points,
+            paired_shared_lower: lower,
+            paired_p99_median_ratio: median,
+            paired_slo_only_shared: only_shared,
+            paired_slo_only_per_connection: only_pc,
             shared_buffer_bytes: shared_bytes,
             per_connection_buffer_bytes: pc_bytes,
             shared_within_slo_per_s: shared_tput,
@@ -305,6 +346,17 @@ pub fn print_acceptance(a: &Acceptance) {
         yes(a.shared_not_lower),
         rates(&a.shared_within_slo_per_s),
         rates(&a.per_connection_within_slo_per_s)
+    );
+    println!(
+        "    the same load points side by side: shared's p99 lower at {} of {} (median \
+         shared / per-connection {}); within the SLO for shared only at {}, for per-connection \
+         only at {}",
+        a.paired_shared_lower,
+        a.paired_points,
+        a.paired_p99_median_ratio
+            .map_or("-".into(), |r| format!("{r:.2}×")),
+        a.paired_slo_only_shared,
+        a.paired_slo_only_per_connection
     );
     println!(
         "  overload reached (offered ≥ 2× capacity in every sweep): {} (lowest {:.2}×; \
