@@ -104,7 +104,7 @@ impl SharedBuf {
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len);
         for c in self.chunks() {
-            v.extend_from_slice(c);
+            netless_shm::copy::extend(&mut v, c);
         }
         v
     }

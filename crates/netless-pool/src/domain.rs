@@ -564,7 +564,7 @@ impl Inner {
             // SAFETY: `page` is in bounds and ours alone with one use (the buffer the caller
             // borrows mutably); [in_page, in_page + n) lies within the page.
             unsafe {
-                std::ptr::copy_nonoverlapping(
+                netless_shm::copy::copy_bytes(
                     data[done..].as_ptr(),
                     self.map.page_ptr(page).add(in_page),
                     n,
@@ -594,7 +594,7 @@ impl Inner {
             // SAFETY: pages[i] is in bounds and held by us, so no member writes it while we
             // read (a page is written only by a sole holder); the range lies within the page.
             unsafe {
-                std::ptr::copy_nonoverlapping(
+                netless_shm::copy::copy_bytes(
                     self.map.page_ptr(pages[i]).add(in_page),
                     out[done..].as_mut_ptr(),
                     n,

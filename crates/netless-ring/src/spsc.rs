@@ -148,7 +148,7 @@ impl<'a> Slots<'a> {
             // argument cannot overlap the slots, which the producer owns now.
             // SAFETY: in bounds and exclusive, as just said (and the caller's contract).
             unsafe {
-                core::ptr::copy_nonoverlapping(part.as_ptr(), dst, part.len());
+                netless_shm::copy::copy_bytes(part.as_ptr(), dst, part.len());
                 dst = dst.add(part.len());
             }
         }
@@ -582,7 +582,7 @@ impl Record<'_> {
         #[cfg(not(loom))]
         {
             let n = out.len().min(self.len as usize);
-            out[..n].copy_from_slice(&self.body()[..n]);
+            netless_shm::copy::copy_slice(&mut out[..n], &self.body()[..n]);
             n
         }
         #[cfg(loom)]

@@ -1,6 +1,7 @@
 //! The OS layer of netless: sealed `memfd` segments, file-descriptor passing over Unix
 //! sockets, peer credentials and ACLs, the per-user socket directory, process-shared futexes,
-//! CPU pinning and the host-wide monotonic clock.
+//! CPU pinning, the host-wide monotonic clock, and bulk copies that stay fast at every
+//! alignment.
 //!
 //! This crate owns every system call netless makes for its shared-memory transport and
 //! exposes them as safe functions. It never interprets the bytes inside a segment: rings,
@@ -21,6 +22,7 @@ compile_error!("netless-shm supports Linux only (memfd, SCM_RIGHTS, SO_PEERCRED,
 
 mod affinity;
 mod clock;
+pub mod copy;
 mod error;
 mod fdpass;
 mod futex;

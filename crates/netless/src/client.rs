@@ -1276,7 +1276,7 @@ impl Shared {
                     *partial = (vec![0; h.body_len as usize], 0);
                 }
                 let off = h.frag_offset as usize;
-                partial.0[off..off + fragment.len()].copy_from_slice(fragment);
+                netless_shm::copy::copy_slice(&mut partial.0[off..off + fragment.len()], fragment);
                 partial.1 += fragment.len();
                 (partial.1 >= partial.0.len()).then(|| std::mem::take(&mut partial.0))
             };
@@ -1287,7 +1287,7 @@ impl Shared {
                 let result = decode_body(&h, code, &body, &mut payload);
                 if let Some((id, ref mut out)) = mine {
                     if id == h.call_id {
-                        out.extend_from_slice(&payload);
+                        netless_shm::copy::extend(out, &payload);
                         return Ok(Mine::Done(result));
                     }
                 }
@@ -1440,7 +1440,7 @@ fn decode_body(
     let metadata = Metadata::decode(&body[..md_end])?;
     let rest = &body[md_end..];
     if code == Code::Ok {
-        out.extend_from_slice(rest);
+        netless_shm::copy::extend(out, rest);
         Ok(metadata)
     } else {
         Err(error_status(code, rest))
@@ -1469,7 +1469,7 @@ pub(crate) unsafe fn copy_body_range(
         // SAFETY: n bytes are readable from piece[offset..] and writable at dst (the caller
         // guarantees len bytes, and n <= len).
         unsafe {
-            std::ptr::copy_nonoverlapping(piece.as_ptr().add(offset), dst, n);
+            netless_shm::copy::copy_bytes(piece.as_ptr().add(offset), dst, n);
             dst = dst.add(n);
         }
         len -= n;

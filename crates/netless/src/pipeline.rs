@@ -315,7 +315,7 @@ impl Pipeline {
                     shared.fail(status.clone());
                     return Err(status);
                 }
-                buf.extend_from_slice(fragment);
+                netless_shm::copy::extend(buf, fragment);
                 if buf.len() < h.body_len as usize {
                     record.release();
                     continue;

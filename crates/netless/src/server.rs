@@ -1209,7 +1209,7 @@ impl ServerShared {
                 return Err("fragments disagree on the body length");
             }
             let off = h.frag_offset as usize;
-            p.body[off..off + fragment.len()].copy_from_slice(fragment);
+            netless_shm::copy::copy_slice(&mut p.body[off..off + fragment.len()], fragment);
             p.received += fragment.len();
             if p.received >= p.body.len() {
                 partials.remove(&h.call_id).map(|p| p.body)
