@@ -1505,6 +1505,10 @@ impl Oneshot {
     }
 }
 
+/// How long an async call that is its connection's spinner polls the response ring within
+/// one `poll` of its future before returning `Pending` (and asking to be polled again).
+const IN_POLL_SPIN: Duration = Duration::from_micros(4);
+
 struct CallFuture {
     client: Client,
     state: AsyncState,
@@ -1590,13 +1594,34 @@ impl Future for CallFuture {
                         netless_ring::ring(shared.conn.doorbell());
                     }
                 }
-                if let Some(mut consumer) = shared.consumer.try_lock() {
-                    let drained = shared.drain(&mut consumer, None);
-                    drop(consumer);
-                    shared.after_consumer_release();
-                    if let Err(status) = drained {
-                        shared.fail(status);
+                // The spinner polls the ring in place for a moment before handing the task
+                // back to the executor: a round trip through the executor costs more than
+                // the cache-line transfer that brings the reply (from `block_on`, a wake is
+                // an eventfd write and the executor's next turn an `epoll_wait`). It stops as
+                // soon as any reply is delivered (other calls' tasks may now be ready) and
+                // after IN_POLL_SPIN at most, so the executor is never held longer.
+                let spin_from = this.spin_until.map(|_| Instant::now());
+                let mut polls = 0u32;
+                loop {
+                    let before = shared.delivered.load(Ordering::Relaxed);
+                    if let Some(mut consumer) = shared.consumer.try_lock() {
+                        let drained = shared.drain(&mut consumer, None);
+                        drop(consumer);
+                        shared.after_consumer_release();
+                        if let Err(status) = drained {
+                            shared.fail(status);
+                            break;
+                        }
                     }
+                    let Some(since) = spin_from else { break };
+                    polls += 1;
+                    if shared.delivered.load(Ordering::Relaxed) != before
+                        || shared.dead.load(Ordering::Relaxed)
+                        || (polls % 32 == 0 && since.elapsed() >= IN_POLL_SPIN)
+                    {
+                        break;
+                    }
+                    std::hint::spin_loop();
                 }
                 {
                     let mut waker = lock(&slot.waker);
