@@ -7,11 +7,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue};
 use netless::{CallOptions, Client, ClientConfig, Metadata, Reply, Status};
 
 use crate::mapping::{
     headers_to_metadata, metadata_to_headers, parse_grpc_timeout, take_ready, ReplyBody,
+    GRPC_TIMEOUT,
 };
 use crate::protocol::{session_of, HEADERS, MORE, WINDOW};
 use crate::stream::{ClientStream, StreamBody};
@@ -81,7 +83,7 @@ async fn call(
     headers_to_metadata(&parts.headers, &mut metadata);
     let deadline = parts
         .headers
-        .get("grpc-timeout")
+        .get(GRPC_TIMEOUT)
         .and_then(|v| parse_grpc_timeout(v.as_bytes()));
     // What of the request is ready now: all of it for a unary call.
     let mut bytes = Vec::new();
@@ -120,7 +122,7 @@ async fn call(
         }
     };
     let (mut headers, _) = metadata_to_headers(&head.metadata);
-    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     let mut response = http::Response::new(tonic::body::Body::new(StreamBody::new(stream, head)));
     *response.headers_mut() = headers;
     Ok(response)
@@ -129,7 +131,7 @@ async fn call(
 /// The response to a call that completed in one exchange.
 fn unary_response(reply: Reply) -> http::Response<tonic::body::Body> {
     let (mut headers, trailers) = metadata_to_headers(&reply.metadata);
-    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     let mut response = http::Response::new(tonic::body::Body::new(ReplyBody::new(
         Bytes::from(reply.payload),
         trailers,
@@ -145,7 +147,7 @@ pub(crate) fn status_response(status: &Status) -> http::Response<tonic::body::Bo
     let mut headers = HeaderMap::new();
     let _ = grpc.add_header(&mut headers);
     let mut response = http::Response::new(tonic::body::Body::empty());
-    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     *response.headers_mut() = headers;
     response
 }

@@ -35,23 +35,72 @@ pub(crate) fn headers_to_metadata(headers: &HeaderMap, metadata: &mut Metadata) 
     }
 }
 
+/// Metadata key of a message whose trailers are due but empty (see [`trailers_to_metadata`]).
+pub(crate) const NO_TRAILERS: &str = ":netless-no-trailers";
+
+/// The header that carries a call's timeout.
+pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// The trailer of every successful call.
+pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_STATUS_OK: HeaderValue = HeaderValue::from_static("0");
+
 /// Trailers → netless metadata, under [`TRAILER_PREFIX`].
+///
+/// The trailers of nearly every call are `grpc-status: 0` alone: they travel as no metadata
+/// at all (and [`metadata_to_headers`] puts them back), which spares both ends a key, a value
+/// and their header parsing on every call. Trailers that are due but empty, which no gRPC
+/// service sends, travel as [`NO_TRAILERS`] so that they stay empty.
 pub(crate) fn trailers_to_metadata(trailers: &HeaderMap, metadata: &mut Metadata) {
+    if trailers.is_empty() {
+        metadata.insert(NO_TRAILERS, b"");
+        return;
+    }
+    if trailers.len() == 1 && trailers.get(GRPC_STATUS) == Some(&GRPC_STATUS_OK) {
+        return;
+    }
+    let mut key = String::with_capacity(TRAILER_PREFIX.len() + 32);
     for (name, value) in trailers {
-        metadata.insert(
-            &format!("{TRAILER_PREFIX}{}", name.as_str()),
-            value.as_bytes(),
-        );
+        key.clear();
+        key.push_str(TRAILER_PREFIX);
+        key.push_str(name.as_str());
+        metadata.insert(&key, value.as_bytes());
     }
 }
 
-/// netless metadata → (headers, trailers). Pairs that are not valid HTTP are dropped.
+/// Appends the header pairs of netless metadata (not its trailers or internal keys) to
+/// `headers`. Pairs that are not valid HTTP are dropped.
+pub(crate) fn append_headers(metadata: &Metadata, headers: &mut HeaderMap) {
+    for (key, value) in metadata.iter() {
+        if key.starts_with(TRAILER_PREFIX) {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+}
+
+/// netless metadata → (headers, trailers). Pairs that are not valid HTTP are dropped. A
+/// message without trailer keys (or [`NO_TRAILERS`]) carries the trailers `grpc-status: 0`
+/// (see [`trailers_to_metadata`]).
 pub(crate) fn metadata_to_headers(metadata: &Metadata) -> (HeaderMap, HeaderMap) {
     let mut headers = HeaderMap::new();
     let mut trailers = HeaderMap::new();
+    let mut trailers_sent = false;
     for (key, value) in metadata.iter() {
+        if key == NO_TRAILERS {
+            trailers_sent = true;
+            continue;
+        }
         let (map, name) = match key.strip_prefix(TRAILER_PREFIX) {
-            Some(name) => (&mut trailers, name),
+            Some(name) => {
+                trailers_sent = true;
+                (&mut trailers, name)
+            }
             None => (&mut headers, key),
         };
         if let (Ok(name), Ok(value)) = (
@@ -60,6 +109,9 @@ pub(crate) fn metadata_to_headers(metadata: &Metadata) -> (HeaderMap, HeaderMap)
         ) {
             map.append(name, value);
         }
+    }
+    if !trailers_sent {
+        trailers.insert(GRPC_STATUS, GRPC_STATUS_OK);
     }
     (headers, trailers)
 }
@@ -197,5 +249,33 @@ mod tests {
         assert_eq!(h.get("x-a").unwrap(), "1");
         assert!(h.get("content-type").is_none());
         assert_eq!(t.get("grpc-status").unwrap(), "0");
+    }
+
+    #[test]
+    fn ok_trailers_travel_as_nothing_and_empty_ones_stay_empty() {
+        let mut ok = HeaderMap::new();
+        ok.insert("grpc-status", HeaderValue::from_static("0"));
+        let mut md = Metadata::new();
+        trailers_to_metadata(&ok, &mut md);
+        assert!(md.is_empty());
+        assert_eq!(metadata_to_headers(&md).1, ok);
+
+        let mut md = Metadata::new();
+        trailers_to_metadata(&HeaderMap::new(), &mut md);
+        assert_eq!(md.len(), 1);
+        assert!(metadata_to_headers(&md).1.is_empty());
+
+        let mut failed = HeaderMap::new();
+        failed.insert("grpc-status", HeaderValue::from_static("5"));
+        failed.insert("grpc-message", HeaderValue::from_static("no such thing"));
+        let mut md = Metadata::new();
+        trailers_to_metadata(&failed, &mut md);
+        assert_eq!(metadata_to_headers(&md).1, failed);
+
+        let mut ok_with_more = ok.clone();
+        ok_with_more.insert("x-t", HeaderValue::from_static("1"));
+        let mut md = Metadata::new();
+        trailers_to_metadata(&ok_with_more, &mut md);
+        assert_eq!(metadata_to_headers(&md).1, ok_with_more);
     }
 }

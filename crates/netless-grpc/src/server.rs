@@ -10,13 +10,16 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::header::{CONTENT_TYPE, TE};
 use http::{HeaderMap, HeaderValue, Method};
 use netless::{Metadata, Request, ResponseBuilder, Server, ServerConfig, Status};
 use tonic::server::NamedService;
 use tower::ServiceExt as _;
 use tower_service::Service;
 
-use crate::mapping::{format_grpc_timeout, frame_now, metadata_to_headers, trailers_to_metadata};
+use crate::mapping::{
+    append_headers, format_grpc_timeout, frame_now, trailers_to_metadata, GRPC_TIMEOUT,
+};
 use crate::protocol::{
     split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
 };
@@ -198,7 +201,7 @@ impl Shared {
         let body = http_body_util::Full::new(Bytes::copy_from_slice(req.payload));
         let request = self.http_request(req, tonic::body::Body::new(body))?;
         let service = self.service.clone();
-        let ready = self.runtime.block_on(async move {
+        let ready = self.run(async move {
             let Ok(response) = service.oneshot(request).await;
             let (parts, mut body) = response.into_parts();
             let mut data = Vec::new();
@@ -281,6 +284,23 @@ impl Shared {
         }
     }
 
+    /// Runs `future` to completion on this (netless worker) thread, in the server's runtime
+    /// context. A unary call's future is usually ready when first polled, so it is polled
+    /// once in place, which costs less than `Handle::block_on` (which sets up a blocking
+    /// region and a parker every time); only a future that has to wait goes on to
+    /// `block_on`, whose first poll registers the waker that will wake it.
+    fn run<F: std::future::Future>(&self, future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        {
+            let _context = self.runtime.enter();
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+                return output;
+            }
+        }
+        self.runtime.block_on(future)
+    }
+
     /// A call whose request goes on: the service runs as a task reading `send`s.
     fn open_client_stream(
         &self,
@@ -356,11 +376,12 @@ impl Shared {
         req: &Request<'_>,
         body: tonic::body::Body,
     ) -> Result<http::Request<tonic::body::Body>, Status> {
-        let (mut headers, _) = metadata_to_headers(&req.metadata);
-        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
-        headers.insert("te", HeaderValue::from_static("trailers"));
+        let mut headers = HeaderMap::with_capacity(req.metadata.len() + 3);
+        append_headers(&req.metadata, &mut headers);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(TE, HeaderValue::from_static("trailers"));
         if let Some(deadline) = req.deadline {
-            headers.insert("grpc-timeout", format_grpc_timeout(deadline));
+            headers.insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
         }
         let uri: http::Uri = req.method.parse().map_err(|_| {
             Status::invalid_argument(format!("`{}` is not a gRPC path", req.method))

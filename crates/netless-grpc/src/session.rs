@@ -21,7 +21,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use netless::{Code, ConnectionWatch, DeferredReply, Metadata, Status};
 
-use crate::mapping::{headers_to_metadata, trailers_to_metadata};
+use crate::mapping::{headers_to_metadata, trailers_to_metadata, GRPC_STATUS};
 use crate::protocol::{END, HEADERS, WINDOW};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -428,7 +428,7 @@ impl Drop for InboundBody {
 pub(crate) fn response_head(headers: &HeaderMap) -> (Metadata, Option<Metadata>) {
     let mut md = Metadata::new();
     headers_to_metadata(headers, &mut md);
-    if headers.get("grpc-status").is_none() {
+    if !headers.contains_key(GRPC_STATUS) {
         return (md, None);
     }
     // A trailers-only response carries grpc-status in its headers; pass them as trailers.
