@@ -142,7 +142,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         peer_args.extend(["--pin-cpu", cpu]);
     }
     let (_peer, _) = Peer::spawn(&exe, &peer_args, Stop::CloseStdin)?;
-    let gateway = spawn_gateway(&exe, peer_cpu)?;
+    // The gateway shares its core with the servers here: it sleeps while it waits.
+    let gateway = spawn_gateway(&exe, peer_cpu, "futex")?;
     let channel = netless_grpc::Channel::connect(SERVICE)?;
     let mut netless_client = EchoClient::new(channel);
     if let Some(cpu) = client_cpu {

@@ -74,9 +74,9 @@ pub fn reap(child: &mut Child, grace: Duration) {
 }
 
 /// `netless gateway` on a free loopback port (pinned to `cpu`), and its address.
-pub fn spawn_gateway(exe: &Path, cpu: Option<usize>) -> anyhow::Result<(Peer, String)> {
+pub fn spawn_gateway(exe: &Path, cpu: Option<usize>, wait: &str) -> anyhow::Result<(Peer, String)> {
     let cpu = cpu.map(|c| c.to_string());
-    let mut args = vec!["gateway", "--listen", "127.0.0.1:0"];
+    let mut args = vec!["gateway", "--listen", "127.0.0.1:0", "--wait", wait];
     if let Some(cpu) = &cpu {
         args.extend(["--pin-cpu", cpu]);
     }
