@@ -37,8 +37,11 @@
 //!
 //! The machine has two cores and up to nine processes: the servers' workers and this
 //! process's calls spin for `--spin-us` (5 µs) and then sleep on their futex; a tier's calls
-//! to the next tier sleep at once. This process is pinned to the first allowed CPU and the
-//! peers alternate between the first two (`--no-pin` leaves placement to the kernel).
+//! to the next tier sleep at once. This process is pinned to the first allowed CPU; by
+//! default (`--pin reader`) the tier that reads the array (for each hop count, the chain's
+//! last) runs alone on the second and the forwarding tiers share the first, which is as
+//! close as two CPUs come to the paper's machine per tier (`--pin client`, `alternate` and
+//! `none` place them otherwise).
 //! `--forward blocking` makes each tier forward with blocking calls from as many worker
 //! threads as there are calls in flight instead.
 
@@ -116,10 +119,12 @@ pub struct Args {
     /// to other runnable processes between polls).
     #[arg(long, default_value = "adaptive")]
     pub wait: WaitMode,
-    /// Where the processes run: `client` (this process on the first CPU, the tiers on the
-    /// first two wherever the kernel balances them), `alternate` (this process on the first
-    /// CPU, each tier pinned, alternating between the first two) or `none`.
-    #[arg(long, default_value = "client")]
+    /// Where the processes run: `reader` (the tier that reads the array on the second CPU,
+    /// this process and the forwarding tiers on the first), `client` (this process on the
+    /// first CPU, the tiers on the first two wherever the kernel balances them), `alternate`
+    /// (this process on the first CPU, each tier pinned, alternating between the first two)
+    /// or `none`.
+    #[arg(long, default_value = "reader")]
     pub pin: Placement,
     /// How a tier forwards: `pipelined` (one worker thread: deferred reply, the next call
     /// submitted on a `Pipeline`, its reply collected by the worker), `async` (deferred reply +
@@ -163,6 +168,13 @@ pub enum Placement {
     Client,
     /// This process on the first CPU; each tier pinned to one of the first two, alternating.
     Alternate,
+    /// The tiers that read the array (the chain's last tier for each hop count, the
+    /// copy-on-write callee, the load balancer's workers) pinned to the second CPU; this
+    /// process and the forwarding tiers share the first. In the paper every tier has a
+    /// machine of its own, so throughput is that of the slowest tier; on two CPUs this is
+    /// the placement that comes closest: the reader, the slowest tier by reference, gets a
+    /// core, and the forwarders share what the load generator leaves.
+    Reader,
     /// Nothing pinned.
     None,
 }
@@ -1263,6 +1275,8 @@ impl Ctx {
         let cpus = self.cpus.map(|(mine, other)| match self.placement {
             Placement::Alternate if same_cpu => mine.to_string(),
             Placement::Alternate => other.to_string(),
+            // Placed by `place` before each measurement.
+            Placement::Reader => mine.to_string(),
             _ => format!("{mine},{other}"),
         });
         if let Some(cpus) = &cpus {
@@ -1277,6 +1291,21 @@ impl Ctx {
 
     fn wait(&self) -> WaitPolicy {
         wait_policy(self.wait, self.spin_us)
+    }
+
+    /// With `Placement::Reader`, pins every thread of the `readers` processes to the second
+    /// CPU and of the `forwarders` to the first (this process's); otherwise does nothing.
+    fn place(&self, readers: &[u32], forwarders: &[u32]) -> anyhow::Result<()> {
+        let (Placement::Reader, Some((mine, other))) = (self.placement, self.cpus) else {
+            return Ok(());
+        };
+        for (pids, cpu) in [(readers, other), (forwarders, mine)] {
+            for &pid in pids {
+                super::peer::pin_process(pid, cpu)
+                    .with_context(|| format!("pinning process {pid} to CPU {cpu}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Calls kept in flight with arrays of `size` bytes: `--in-flight`, or as many as fit a
@@ -1307,6 +1336,7 @@ impl Ctx {
 
     /// Measures the two variants of one point of a closed-loop experiment, interleaved;
     /// `watch` is a process whose CPU time to measure too.
+    #[allow(clippy::too_many_arguments)]
     fn closed_loop_point(
         &self,
         pipe: &mut Pipeline,
@@ -1314,6 +1344,7 @@ impl Ctx {
         variants: [(&str, &Payload); 2],
         expect: u64,
         watch: Option<u32>,
+        (readers, forwarders): (&[u32], &[u32]),
     ) -> anyhow::Result<[Acc; 2]> {
         let [a, b] = variants.map(|(method, payload)| Variant {
             method,
@@ -1321,6 +1352,8 @@ impl Ctx {
             expect,
             peers: peers.to_vec(),
             in_flight: self.in_flight_for(payload.len()),
+            readers: readers.to_vec(),
+            forwarders: forwarders.to_vec(),
         });
         let mut acc = self.interleaved(pipe, &[a, b], watch)?.into_iter();
         Ok([
@@ -1339,6 +1372,7 @@ impl Ctx {
         watch: Option<u32>,
     ) -> anyhow::Result<Vec<Acc>> {
         for v in variants {
+            self.place(&v.readers, &v.forwarders)?;
             let started = Instant::now();
             let mut calls = 0;
             while calls < self.warmup_calls && started.elapsed() < self.warmup_cap {
@@ -1359,6 +1393,7 @@ impl Ctx {
         for round in 0..self.rounds {
             for k in order(round, variants.len()) {
                 let v = &variants[k];
+                self.place(&v.readers, &v.forwarders)?;
                 let before = snapshot(&self.domain, &v.peers)?;
                 let cpu_before = watch.map(cpu_time);
                 let w = closed_loop(
@@ -1390,6 +1425,9 @@ struct Variant<'a> {
     expect: u64,
     peers: Vec<&'a Client>,
     in_flight: usize,
+    /// With `Placement::Reader`: the processes that read the array, and the rest.
+    readers: Vec<u32>,
+    forwarders: Vec<u32>,
 }
 
 fn ratio(a: f64, b: f64) -> Option<f64> {
@@ -1445,6 +1483,8 @@ fn nested_chain(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
         // tier1 on the other CPU than the client, tier2 on the client's, and so on.
         peers.push(ctx.spawn_tier(&names[i], &next, i % 2 == 1, false)?);
     }
+    // Process ids in tier order (they were spawned last first).
+    let pids: Vec<u32> = peers.iter().rev().map(Peer::id).collect();
     let tiers: Vec<Client> = names
         .iter()
         .map(|n| ctx.connect(n))
@@ -1467,6 +1507,9 @@ fn nested_chain(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
         let mut variants = Vec::new();
         for (&hops, [mv, mr]) in ctx.hops.iter().zip(&methods) {
             let involved: Vec<&Client> = tiers[..hops as usize].iter().collect();
+            // The last tier of the chain reads the array; the others only forward.
+            let reader = pids[hops as usize - 1];
+            let forwarders: Vec<u32> = pids.iter().copied().filter(|&p| p != reader).collect();
             for (method, payload) in [(mv, &value), (mr, &pooled)] {
                 variants.push(Variant {
                     method,
@@ -1474,6 +1517,8 @@ fn nested_chain(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
                     expect,
                     peers: involved.clone(),
                     in_flight: ctx.in_flight_for(size),
+                    readers: vec![reader],
+                    forwarders: forwarders.clone(),
                 });
             }
         }
@@ -1504,6 +1549,7 @@ fn nested_chain(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
 /// (b) Copy-on-write against an unconditional copy.
 fn copy_on_write(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
     let callee = ctx.spawn_tier("callee", &[], false, true)?;
+    ctx.place(&[callee.id()], &[])?;
     let client = ctx.connect("callee")?;
     let mut rows = Vec::new();
     for &size in &COW_SIZES {
@@ -1577,6 +1623,7 @@ fn load_balancer(ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
             [("value/2", &value), ("ref/2", &pooled)],
             expect,
             Some(lb.id()),
+            (&[w0.id(), w1.id()], &[lb.id()]),
         )?;
         let mut pair = compared(
             &acc,
@@ -1987,6 +2034,9 @@ fn print_tables(rows: &[Row], ctx: &Ctx) {
         match (ctx.cpus, ctx.placement) {
             (None, _) | (_, Placement::None) => "",
             (_, Placement::Alternate) => "; pinned, tiers alternate between two CPUs",
+            (_, Placement::Reader) => {
+                "; pinned, the tier that reads the array on the second CPU, the client and forwarders on the first"
+            }
             (_, Placement::Client) => "; client pinned, tiers on two CPUs as the kernel balances",
         },
         match ctx.forward {

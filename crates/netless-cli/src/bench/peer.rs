@@ -83,6 +83,29 @@ pub fn spawn_gateway(exe: &Path, cpu: Option<usize>, wait: &str) -> anyhow::Resu
     Peer::spawn(exe, &args, Stop::Sigterm)
 }
 
+/// Pins every thread of process `pid` to CPU `cpu` (threads it starts later inherit the
+/// affinity of the thread that starts them).
+pub fn pin_process(pid: u32, cpu: usize) -> anyhow::Result<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Some(tid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        // A thread that exited meanwhile is not an error.
+        match rustix::thread::sched_setaffinity(Some(tid), &set) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        }
+    }
+    Ok(())
+}
+
 /// CPU time (user + system) a process has used so far.
 pub fn cpu_time(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
