@@ -1617,7 +1617,7 @@ impl Future for CallFuture {
                     polls += 1;
                     if shared.delivered.load(Ordering::Relaxed) != before
                         || shared.dead.load(Ordering::Relaxed)
-                        || (polls % 32 == 0 && since.elapsed() >= IN_POLL_SPIN)
+                        || (polls.is_multiple_of(32) && since.elapsed() >= IN_POLL_SPIN)
                     {
                         break;
                     }
