@@ -226,7 +226,8 @@ struct Conn {
 struct Scratch {
     metadata: Metadata,
     payload: Vec<u8>,
-    method: Vec<u8>,
+    /// The method of the last request served (a private, validated copy).
+    method: String,
     /// Requests in the queue entry just served (a batch holds several).
     batch: u32,
 }
@@ -1285,23 +1286,31 @@ impl ServerShared {
     ) -> Result<(), &'static str> {
         let method_end = h.method_len as usize;
         let md_end = method_end + h.metadata_len as usize;
-        // The method name is copied out of the shared buffer before it is validated, so the
-        // `&str` the handler sees cannot change under it.
-        let mut method_bytes = std::mem::take(&mut response.method);
-        method_bytes.clear();
-        method_bytes.extend_from_slice(&body[..method_end]);
-        let method = match String::from_utf8(method_bytes) {
-            Ok(method) => method,
-            Err(e) => {
-                response.method = e.into_bytes();
+        // The handler sees a private copy of the method name, validated, so the `&str` cannot
+        // change under it. Calls mostly repeat the last method: then the copy we hold is
+        // already the one (compared against the shared bytes, never taken from them).
+        let mut method = std::mem::take(&mut response.method);
+        if method.as_bytes() != &body[..method_end] {
+            let mut bytes = method.into_bytes();
+            bytes.clear();
+            bytes.extend_from_slice(&body[..method_end]);
+            method = match String::from_utf8(bytes) {
+                Ok(method) => method,
+                Err(_) => {
+                    done_with_body();
+                    return Err("method name is not UTF-8");
+                }
+            };
+        }
+        let metadata = if md_end == method_end {
+            Metadata::new()
+        } else {
+            let Ok(metadata) = Metadata::decode(&body[method_end..md_end]) else {
+                response.method = method;
                 done_with_body();
-                return Err("method name is not UTF-8");
-            }
-        };
-        let Ok(metadata) = Metadata::decode(&body[method_end..md_end]) else {
-            response.method = method.into_bytes();
-            done_with_body();
-            return Err("malformed request metadata");
+                return Err("malformed request metadata");
+            };
+            metadata
         };
         // The clock is read only for calls that carry a deadline.
         let (deadline, expired) = if h.deadline_ns == 0 {
@@ -1408,7 +1417,7 @@ impl ServerShared {
         let (metadata, payload) = builder.into_parts();
         response.metadata = metadata;
         response.payload = payload;
-        response.method = method.into_bytes();
+        response.method = method;
         sent.inspect_err(|why| {
             tracing::debug!("dropping connection {}: {why}", conn.index);
         })
