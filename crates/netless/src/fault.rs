@@ -3,7 +3,9 @@
 //! be exercised across real processes. Never enabled in normal builds.
 
 use crate::client::Client;
-use crate::layout::{block_state, kind, WireHeader, HEADER_LEN};
+use crate::layout::{
+    block_state, kind, wire_flags, CompactHeader, WireHeader, COMPACT_HEADER_LEN, HEADER_LEN,
+};
 use crate::sync::Ordering;
 
 /// Ways a faulty client can corrupt a replica's shared memory.
@@ -21,6 +23,8 @@ pub enum ClientFault {
     GarbageQueue,
     /// A queue entry for a request with a wrong sequence/kind field.
     BadKind,
+    /// A compact batch whose second request claims a body that runs past the batch's blocks.
+    BadCompactBatch,
     /// The published consumer head rewound to 0, so the queue looks as deep as every
     /// request ever sent (clients then refuse to call under an SLO), and no doorbell rung.
     StaleHead,
@@ -71,6 +75,34 @@ pub fn inject(client: &Client, fault: ClientFault) {
         }
         ClientFault::BadKind => header.kind = 77,
         ClientFault::ForeignBlocks => {}
+        ClientFault::BadCompactBatch => {
+            let start = shared.claim_for_fault(2).expect("two blocks");
+            header.nblocks = 2;
+            header.reserved[0] = wire_flags::BATCH_MORE | wire_flags::BATCH_COMPACT;
+            let second = CompactHeader {
+                call_id: 0xdead_0000_0002,
+                body_len: 4096,
+                method_len: 4,
+                flags: 0,
+            };
+            if let Some(dst) = replica.block_run(start, 2) {
+                // SAFETY: dst is two whole blocks (128 bytes) inside the mapping, ours; the
+                // first header, its 16-byte body and the compact header at 80 fit in them.
+                // This is deliberate test garbage.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
+                    std::ptr::copy_nonoverlapping(b"Echo".as_ptr(), dst.add(HEADER_LEN), 4);
+                    std::ptr::copy_nonoverlapping(
+                        second.as_bytes().as_ptr(),
+                        dst.add(HEADER_LEN + 16),
+                        COMPACT_HEADER_LEN,
+                    );
+                }
+            }
+            let _ = queue.try_enqueue(start);
+            netless_ring::ring(view.doorbell);
+            return;
+        }
     }
     // Lease one block under our real tag: find one of ours via a real claim.
     let start = if fault == ClientFault::ForeignBlocks {

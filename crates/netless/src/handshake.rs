@@ -18,7 +18,7 @@ const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
 const GREETING: u8 = 5;
 /// Protocol version carried in `Hello` and `Welcome`.
-pub(crate) const PROTOCOL_VERSION: u32 = 3;
+pub(crate) const PROTOCOL_VERSION: u32 = 4;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

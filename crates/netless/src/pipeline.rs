@@ -38,7 +38,10 @@ use netless_ring::EnqueueError;
 
 use crate::client::{error_status, parse_response, Client, Shared};
 use crate::config::ClientConfig;
-use crate::layout::{align64, batch_mode, kind, wire_flags, WireHeader, HEADER_LEN};
+use crate::layout::{
+    align16, align64, batch_mode, compact_flags, kind, wire_flags, CompactHeader, WireHeader,
+    COMPACT_HEADER_LEN, HEADER_LEN,
+};
 use crate::metadata::Metadata;
 use crate::status::{Code, Status};
 use crate::sync::Ordering;
@@ -46,13 +49,14 @@ use crate::sync::Ordering;
 /// Set in a slot whose call is in flight.
 const BUSY: u32 = 1 << 31;
 
-/// A batch being written: a claimed run, `used` bytes of it filled.
+/// A batch being written: a claimed run, `used` bytes of it filled. The first request has a
+/// `WireHeader` (with `BATCH_COMPACT`), the others a `CompactHeader`.
 struct Staged {
     start: u32,
     blocks: u32,
     used: usize,
     count: u32,
-    /// Offset of the last request's header in the run (to set its `BATCH_MORE`).
+    /// Offset of the last request's header in the run (to set its "more" flag).
     last: usize,
 }
 
@@ -78,6 +82,8 @@ pub struct Pipeline {
     batched: u64,
     /// Requests in the last batch published (an adaptive batch claims room for twice that).
     last_batch: u32,
+    /// The call ids of the open batch, in order (kept here, not read back from the run).
+    staged_ids: Vec<u64>,
 }
 
 impl Pipeline {
@@ -99,6 +105,7 @@ impl Pipeline {
             batches: 0,
             batched: 0,
             last_batch: 1,
+            staged_ids: Vec::new(),
         })
     }
 
@@ -136,11 +143,20 @@ impl Pipeline {
             return Err(shared.death_status());
         }
         let body_len = method.len() + payload.len();
-        let need = align64(HEADER_LEN + body_len);
-        if need > self.max_run_bytes || body_len > shared.server_max_message {
+        // Where a batch's first request takes a full header, the rest take a compact one.
+        let first_need = align16(HEADER_LEN + body_len);
+        let compact_need = align16(COMPACT_HEADER_LEN + body_len);
+        if align64(first_need) > self.max_run_bytes || body_len > shared.server_max_message {
             return Err(Status::invalid_argument(format!(
-                "a pipelined request takes at most {} bytes with its header, this one {need}: use Client::call for larger ones",
+                "a pipelined request takes at most {} bytes with its header, this one {first_need}: use Client::call for larger ones",
                 self.max_run_bytes
+            )));
+        }
+        if method.len() > usize::from(u16::MAX) {
+            return Err(Status::invalid_argument(format!(
+                "a method name of {} bytes is longer than a pipelined request allows ({})",
+                method.len(),
+                u16::MAX
             )));
         }
         let Some(index) = self.free.pop() else {
@@ -156,7 +172,7 @@ impl Pipeline {
         if self
             .staged
             .as_ref()
-            .is_some_and(|s| s.used + need > s.blocks as usize * block)
+            .is_some_and(|s| s.count > 0 && s.used + compact_need > s.blocks as usize * block)
         {
             self.publish();
         }
@@ -174,7 +190,7 @@ impl Pipeline {
             } else {
                 batch_max
             };
-            if let Err(e) = self.open_batch(need, room) {
+            if let Err(e) = self.open_batch(first_need, compact_need, room) {
                 self.free.push(index);
                 return Err(e);
             }
@@ -184,41 +200,67 @@ impl Pipeline {
         self.slots[index as usize] = generation | BUSY;
         let call_id = (u64::from(generation) << 32) | u64::from(index);
         let staged = self.staged.as_mut().expect("a batch is open");
-        let header = WireHeader {
-            token: shared.token,
-            call_id,
-            conn_index: shared.conn_index,
-            kind: kind::REQUEST,
-            body_len: body_len as u32,
-            frag_len: body_len as u32,
-            method_len: method.len() as u32,
-            ..WireHeader::default()
-        };
         let run = shared
             .replica
             .block_run(staged.start, staged.blocks)
             .expect("a claimed run lies inside the buffer");
+        let need = if staged.count == 0 {
+            first_need
+        } else {
+            compact_need
+        };
         // SAFETY: the run is ours (OWNED, unpublished) and `used + need` fits in it (checked
-        // above or by open_batch); `need` covers the header and the body.
+        // above or by open_batch); `need` covers the header and the body. The previous
+        // request's header lies at `last`, inside the run: the first one a WireHeader, the
+        // others a CompactHeader.
         unsafe {
-            if staged.count > 0 {
-                let prev = run.add(staged.last) as *mut WireHeader;
+            if staged.count == 1 {
+                let prev = run as *mut WireHeader;
                 let mut p = WireHeader::read_from(prev as *const u8);
                 p.reserved[0] |= wire_flags::BATCH_MORE;
                 std::ptr::write_unaligned(prev, p);
+            } else if staged.count > 1 {
+                let prev = run.add(staged.last) as *mut CompactHeader;
+                let mut p = CompactHeader::read_from(prev as *const u8);
+                p.flags |= compact_flags::MORE;
+                std::ptr::write_unaligned(prev, p);
             }
             let dst = run.add(staged.used);
-            std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
+            let header_len = if staged.count == 0 {
+                let header = WireHeader {
+                    token: shared.token,
+                    call_id,
+                    conn_index: shared.conn_index,
+                    kind: kind::REQUEST,
+                    body_len: body_len as u32,
+                    frag_len: body_len as u32,
+                    method_len: method.len() as u32,
+                    reserved: [wire_flags::BATCH_COMPACT, 0],
+                    ..WireHeader::default()
+                };
+                std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
+                HEADER_LEN
+            } else {
+                let header = CompactHeader {
+                    call_id,
+                    body_len: body_len as u32,
+                    method_len: method.len() as u16,
+                    flags: 0,
+                };
+                std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, COMPACT_HEADER_LEN);
+                COMPACT_HEADER_LEN
+            };
             crate::client::copy_body_range(
                 &[method.as_bytes(), &[], payload],
                 0,
                 body_len,
-                dst.add(HEADER_LEN),
+                dst.add(header_len),
             );
         }
         staged.last = staged.used;
         staged.used += need;
         staged.count += 1;
+        self.staged_ids.push(call_id);
         self.in_flight += 1;
         let count = staged.count;
         // Adaptive: at once if the server has none of our earlier requests.
@@ -386,15 +428,21 @@ impl Pipeline {
         );
     }
 
-    /// Claims a run for a new batch: room for `batch_max` requests like this one if the
-    /// buffer has it, else for this one alone; a NACK if not even that. (An adaptive batch
-    /// that outgrows its run is published and the next request opens a new one.)
-    fn open_batch(&mut self, need: usize, batch_max: u32) -> Result<(), Status> {
+    /// Claims a run for a new batch: room for `batch_max` requests like this one (the first
+    /// taking `first_need` bytes, the rest `compact_need`) if the buffer has it, else for this
+    /// one alone; a NACK if not even that. (An adaptive batch that outgrows its run is
+    /// published and the next request opens a new one.)
+    fn open_batch(
+        &mut self,
+        first_need: usize,
+        compact_need: usize,
+        batch_max: u32,
+    ) -> Result<(), Status> {
         let shared = self.client.shared();
         shared.check_depth(shared.replica.queue_for(shared.conn_index))?;
         let block = shared.replica.block_size();
-        let one = need.div_ceil(block) as u32;
-        let want = (need * batch_max as usize)
+        let one = first_need.div_ceil(block) as u32;
+        let want = (first_need + compact_need * (batch_max as usize - 1))
             .min(self.max_run_bytes)
             .div_ceil(block) as u32;
         let table = shared.replica.table();
@@ -469,21 +517,18 @@ impl Pipeline {
                     _ => "receive queue is contended or damaged",
                 };
                 // The batch's calls fail as NACKs, reported at the next poll.
-                let mut offset = 0;
-                for _ in 0..staged.count {
-                    // SAFETY: each of the `count` headers lies in the run we wrote.
-                    let h = unsafe { WireHeader::read_from(run.add(offset)) };
+                for &call_id in &self.staged_ids {
                     self.failed.push((
-                        h.call_id,
+                        call_id,
                         shared.nack(format!(
                             "service `{}`: {why}; retry with backoff",
                             shared.service
                         )),
                     ));
-                    offset = align64(offset + HEADER_LEN + h.frag_len as usize);
                 }
             }
         }
+        self.staged_ids.clear();
     }
 }
 

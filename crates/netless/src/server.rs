@@ -28,8 +28,9 @@ use crate::call::{Request, ResponseBuilder};
 use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    align64, batch_bucket, block_state, bump, conn_tag, kind, latency_bucket, provisioning,
-    wire_flags, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+    align16, align64, batch_bucket, block_state, bump, compact_flags, conn_tag, kind,
+    latency_bucket, provisioning, wire_flags, CompactHeader, ResponseHeader, WireHeader,
+    COMPACT_HEADER_LEN, HEADER_LEN, RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
@@ -1227,7 +1228,9 @@ impl ServerShared {
 
     /// Serves a batch: requests back to back in one run, each header at the 64-byte boundary
     /// after the previous body, each whole and from this connection, `BATCH_MORE` on all but
-    /// the last. The caller frees the run afterwards.
+    /// the last; or, with `BATCH_COMPACT` on the first, a `CompactHeader` at the 16-byte
+    /// boundary after each previous body (`compact_flags::MORE` on all but the last). The
+    /// caller frees the run afterwards.
     fn serve_batch(
         &self,
         conn: &Arc<Conn>,
@@ -1238,7 +1241,12 @@ impl ServerShared {
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
         let mut h = first;
+        // Where the current request's header starts, and how long that header is (a compact
+        // batch's requests after the first carry a CompactHeader).
         let mut offset = 0usize;
+        let mut header_len = HEADER_LEN;
+        let mut more = first.reserved[0] & wire_flags::BATCH_MORE != 0;
+        let compact = first.reserved[0] & wire_flags::BATCH_COMPACT != 0;
         let mut count = 0u32;
         // Replies inside the batch do not ring the client's doorbell; this rings once after
         // the last (or on an early return).
@@ -1250,23 +1258,37 @@ impl ServerShared {
             if h.frag_len != h.body_len || h.frag_offset != 0 {
                 return Err("a batched request is a fragment");
             }
-            h.validate_shape(self.config.max_message, run_len - offset - HEADER_LEN)?;
-            // SAFETY: offset + HEADER_LEN + frag_len <= run_len (validate_shape against the
-            // room left), and the run lies inside the mapping.
-            let fragment = unsafe {
-                std::slice::from_raw_parts(run.add(offset + HEADER_LEN), h.frag_len as usize)
-            };
+            let body_at = offset + header_len;
+            h.validate_shape(self.config.max_message, run_len - body_at)?;
+            // SAFETY: body_at + frag_len <= run_len (validate_shape against the room left),
+            // and the run lies inside the mapping.
+            let fragment =
+                unsafe { std::slice::from_raw_parts(run.add(body_at), h.frag_len as usize) };
             self.dispatch(conn, &h, fragment, me, response, || {})?;
             count += 1;
-            if h.reserved[0] & wire_flags::BATCH_MORE == 0 {
+            if !more {
                 break;
             }
-            offset = align64(offset + HEADER_LEN + h.frag_len as usize);
-            if offset + HEADER_LEN > run_len {
-                return Err("a batch runs past its blocks");
+            let end = body_at + h.frag_len as usize;
+            if compact {
+                offset = align16(end);
+                if offset + COMPACT_HEADER_LEN > run_len {
+                    return Err("a batch runs past its blocks");
+                }
+                // SAFETY: offset + COMPACT_HEADER_LEN <= run_len: a whole header in the run.
+                let c = unsafe { CompactHeader::read_from(run.add(offset)) };
+                more = c.flags & compact_flags::MORE != 0;
+                header_len = COMPACT_HEADER_LEN;
+                h = c.expand(&first);
+            } else {
+                offset = align64(end);
+                if offset + HEADER_LEN > run_len {
+                    return Err("a batch runs past its blocks");
+                }
+                // SAFETY: offset + HEADER_LEN <= run_len: a whole header inside the run.
+                h = unsafe { WireHeader::read_from(run.add(offset)) };
+                more = h.reserved[0] & wire_flags::BATCH_MORE != 0;
             }
-            // SAFETY: offset + HEADER_LEN <= run_len: a whole header inside the run.
-            h = unsafe { WireHeader::read_from(run.add(offset)) };
             prefetch_read_range(run.wrapping_add(offset), 2 * 64, 2);
         }
         response.batch = count;

@@ -90,6 +90,7 @@ fn child_process_entry() {
                 "fault-huge-body" => ClientFault::HugeBody,
                 "fault-bad-kind" => ClientFault::BadKind,
                 "fault-stale-head" => ClientFault::StaleHead,
+                "fault-bad-compact-batch" => ClientFault::BadCompactBatch,
                 _ => ClientFault::GarbageQueue,
             };
             let client = Client::connect_with(&service, client_config(&dir)).unwrap();
@@ -501,6 +502,7 @@ fn garbage_from_a_client_costs_only_its_connection() {
         "fault-foreign-blocks",
         "fault-huge-body",
         "fault-bad-kind",
+        "fault-bad-compact-batch",
     ];
     for role in attributable.iter().chain(["fault-garbage-queue"].iter()) {
         let out = run_child(role, &dir, "test.Garbage");
