@@ -237,6 +237,9 @@ pub mod kind {
     pub const REQUEST: u16 = 1;
     /// A response (or a fragment of one), server → client.
     pub const RESPONSE: u16 = 2;
+    /// A ring record holding several whole responses, each behind a [`CompactReply`]
+    /// (super::CompactReply): the replies to a compact request batch.
+    pub const RESPONSE_BATCH: u16 = 3;
 }
 
 /// Bits of [`WireHeader::reserved`]`[0]` (request flags).
@@ -409,9 +412,9 @@ impl WireHeader {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ResponseHeader {
-    /// The call this answers.
+    /// The call this answers (0 in a [`kind::RESPONSE_BATCH`] record).
     pub call_id: u64,
-    /// Always [`kind::RESPONSE`].
+    /// [`kind::RESPONSE`], or [`kind::RESPONSE_BATCH`] for a record of compact replies.
     pub kind: u16,
     /// The gRPC status code.
     pub status: u16,
@@ -423,6 +426,7 @@ pub struct ResponseHeader {
     pub frag_len: u32,
     /// Length of the metadata encoding at the start of the body.
     pub metadata_len: u32,
+    /// In a [`kind::RESPONSE_BATCH`] record: the number of replies it holds.
     pub reserved: u32,
 }
 /// Size of [`ResponseHeader`].
@@ -459,6 +463,45 @@ impl ResponseHeader {
             max_message,
             frag_capacity,
         )
+    }
+}
+
+/// The header of one reply in a [`kind::RESPONSE_BATCH`] record (whose `ResponseHeader`
+/// gives the record's `body_len` and, in `reserved`, the number of replies): 16 bytes, then
+/// the reply's body (`metadata encoding ++ payload`, or the status message), the next reply
+/// at the first 16-byte boundary after it. A server sends one such record for the replies
+/// to a compact request batch, instead of a record per reply, so the client reads fewer
+/// lines and record words; only whole replies with short metadata go this way.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompactReply {
+    /// The call this answers.
+    pub call_id: u64,
+    /// Length of the reply's body.
+    pub body_len: u32,
+    /// Length of the metadata encoding at the start of the body.
+    pub metadata_len: u16,
+    /// The gRPC status code.
+    pub status: u16,
+}
+/// Size of [`CompactReply`].
+pub const COMPACT_REPLY_LEN: usize = 16;
+const _: () = assert!(std::mem::size_of::<CompactReply>() == COMPACT_REPLY_LEN);
+
+impl CompactReply {
+    /// The header as bytes, to copy into shared memory.
+    pub fn as_bytes(&self) -> &[u8; COMPACT_REPLY_LEN] {
+        // SAFETY: repr(C), 16 bytes of plain integers without padding (const-asserted).
+        unsafe { &*(self as *const CompactReply as *const [u8; COMPACT_REPLY_LEN]) }
+    }
+
+    /// Reads a header from bytes another process may be writing; validation is the caller's.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of [`COMPACT_REPLY_LEN`] bytes.
+    pub unsafe fn read_from(src: *const u8) -> CompactReply {
+        // SAFETY: the caller guarantees the bytes; any bit pattern is a valid value.
+        unsafe { std::ptr::read_unaligned(src as *const CompactReply) }
     }
 }
 

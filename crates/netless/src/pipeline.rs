@@ -39,8 +39,9 @@ use netless_ring::EnqueueError;
 use crate::client::{error_status, parse_response, Client, Shared};
 use crate::config::ClientConfig;
 use crate::layout::{
-    align16, align64, batch_mode, compact_flags, kind, wire_flags, CompactHeader, WireHeader,
-    COMPACT_HEADER_LEN, HEADER_LEN,
+    align16, align64, batch_mode, compact_flags, kind, wire_flags, CompactHeader, CompactReply,
+    ResponseHeader, WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN,
+    RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::status::{Code, Status};
@@ -333,6 +334,29 @@ impl Pipeline {
                 }
             };
             let body = record.body();
+            if is_reply_batch(body) {
+                let max = shared.config.max_message;
+                let done = for_each_compact_reply(body, max, |id, code, bytes| {
+                    let live =
+                        slots.get((id & 0xffff_ffff) as usize) == Some(&((id >> 32) as u32 | BUSY));
+                    if !live {
+                        return Err("a reply to no call in flight");
+                    }
+                    on_reply(id, outcome(code, bytes.0, bytes.1));
+                    complete(slots, free, in_flight, id);
+                    Ok(())
+                });
+                match done {
+                    Ok(n) => delivered += n,
+                    Err(what) => {
+                        let status = corrupt(what);
+                        shared.fail(status.clone());
+                        return Err(status);
+                    }
+                }
+                record.release();
+                continue;
+            }
             let parsed = parse_response(body, shared.config.max_message).and_then(|parsed| {
                 let id = parsed.0.call_id;
                 let live =
@@ -366,12 +390,7 @@ impl Pipeline {
                 &whole
             };
             let md_end = h.metadata_len as usize;
-            let outcome = match Metadata::decode(&bytes[..md_end]) {
-                Err(status) => Err(status),
-                Ok(_) if code == Code::Ok => Ok(&bytes[md_end..]),
-                Ok(_) => Err(error_status(code, &bytes[md_end..])),
-            };
-            on_reply(h.call_id, outcome);
+            on_reply(h.call_id, outcome(code, &bytes[..md_end], &bytes[md_end..]));
             record.release();
             complete(slots, free, in_flight, h.call_id);
             delivered += 1;
@@ -532,6 +551,65 @@ impl Pipeline {
     }
 }
 
+/// A reply's outcome from its status code, metadata encoding and the rest of its body.
+fn outcome<'b>(code: Code, metadata: &[u8], rest: &'b [u8]) -> Result<&'b [u8], Status> {
+    if !metadata.is_empty() {
+        Metadata::decode(metadata)?;
+    }
+    if code == Code::Ok {
+        Ok(rest)
+    } else {
+        Err(error_status(code, rest))
+    }
+}
+
+/// Whether a ring record holds a batch of compact replies (`kind::RESPONSE_BATCH`).
+fn is_reply_batch(record: &[u8]) -> bool {
+    // SAFETY: at least RESPONSE_HEADER_LEN bytes (checked first).
+    record.len() >= RESPONSE_HEADER_LEN
+        && unsafe { ResponseHeader::read_from(record.as_ptr()) }.kind == kind::RESPONSE_BATCH
+}
+
+/// Validates a `RESPONSE_BATCH` record (memory the server writes) and calls `each(call id,
+/// code, (metadata, rest of body))` for every reply in it, in order; returns how many. Stops
+/// at the first thing wrong (or `each`'s error): the connection is then closed.
+fn for_each_compact_reply(
+    record: &[u8],
+    max_message: usize,
+    mut each: impl FnMut(u64, Code, (&[u8], &[u8])) -> Result<(), &'static str>,
+) -> Result<usize, &'static str> {
+    // SAFETY: the caller checked (is_reply_batch) that a whole header is there.
+    let h = unsafe { ResponseHeader::read_from(record.as_ptr()) };
+    let len = h.body_len as usize;
+    if h.frag_offset != 0 || h.frag_len != h.body_len || len > record.len() - RESPONSE_HEADER_LEN
+    {
+        return Err("a reply batch longer than its record");
+    }
+    let entries = &record[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + len];
+    let (mut offset, mut count) = (0usize, 0usize);
+    while offset < len {
+        if len - offset < COMPACT_REPLY_LEN {
+            return Err("a compact reply header cut short");
+        }
+        // SAFETY: offset + COMPACT_REPLY_LEN <= len: a whole header inside `entries`.
+        let r = unsafe { CompactReply::read_from(entries.as_ptr().add(offset)) };
+        let (body_len, md_len) = (r.body_len as usize, usize::from(r.metadata_len));
+        let body_at = offset + COMPACT_REPLY_LEN;
+        if body_len > len - body_at || md_len > body_len || body_len > max_message {
+            return Err("a compact reply longer than its batch");
+        }
+        let code = Code::from_u16(r.status).ok_or("unknown status code")?;
+        let body = &entries[body_at..body_at + body_len];
+        each(r.call_id, code, body.split_at(md_len))?;
+        count += 1;
+        offset = align16(body_at + body_len);
+    }
+    if count != h.reserved as usize {
+        return Err("a reply batch holding another number of replies than it says");
+    }
+    Ok(count)
+}
+
 /// [`Pipeline::complete`] on the fields it touches (for loops that also borrow the client).
 fn complete(slots: &mut [u32], free: &mut Vec<u32>, in_flight: &mut u32, call_id: u64) {
     let index = (call_id & 0xffff_ffff) as usize;
@@ -562,5 +640,106 @@ impl std::fmt::Debug for Pipeline {
             .field("service", &self.client.service())
             .field("in_flight", &self.in_flight)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `RESPONSE_BATCH` record as a server writes it: `(call id, status, metadata, payload)`.
+    fn batch(replies: &[(u64, u16, &[u8], &[u8])]) -> Vec<u8> {
+        let mut entries = Vec::new();
+        for (id, status, md, payload) in replies {
+            entries.resize(align16(entries.len()), 0);
+            let r = CompactReply {
+                call_id: *id,
+                body_len: (md.len() + payload.len()) as u32,
+                metadata_len: md.len() as u16,
+                status: *status,
+            };
+            entries.extend_from_slice(r.as_bytes());
+            entries.extend_from_slice(md);
+            entries.extend_from_slice(payload);
+        }
+        let h = ResponseHeader {
+            kind: kind::RESPONSE_BATCH,
+            body_len: entries.len() as u32,
+            frag_len: entries.len() as u32,
+            reserved: replies.len() as u32,
+            ..ResponseHeader::default()
+        };
+        let mut record = h.as_bytes().to_vec();
+        record.extend_from_slice(&entries);
+        record
+    }
+
+    fn collect(record: &[u8]) -> Result<Vec<(u64, Result<Vec<u8>, Status>)>, &'static str> {
+        let mut got = Vec::new();
+        for_each_compact_reply(record, 1 << 20, |id, code, (md, rest)| {
+            got.push((id, outcome(code, md, rest).map(<[u8]>::to_vec)));
+            Ok(())
+        })?;
+        Ok(got)
+    }
+
+    #[test]
+    fn compact_replies_come_out_in_order_with_their_outcomes() {
+        let mut md = Vec::new();
+        let mut m = Metadata::new();
+        m.insert("k", "v");
+        m.encode_into(&mut md);
+        let record = batch(&[
+            (1, 0, b"", b"one"),
+            (2, 5, b"", b"no such thing"),
+            (3, 0, &md, b"three, with metadata"),
+            (4, 0, b"", b""),
+        ]);
+        assert!(is_reply_batch(&record));
+        let got = collect(&record).unwrap();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0], (1, Ok(b"one".to_vec())));
+        assert_eq!(got[1].1.as_ref().unwrap_err().code(), Code::NotFound);
+        assert_eq!(got[2], (3, Ok(b"three, with metadata".to_vec())));
+        assert_eq!(got[3], (4, Ok(Vec::new())));
+    }
+
+    #[test]
+    fn malformed_reply_batches_are_refused() {
+        let good = batch(&[(1, 0, b"", b"one"), (2, 0, b"", b"two")]);
+        // The record says it holds more bytes than it does.
+        let mut long = good.clone();
+        long[12..16].copy_from_slice(&10_000u32.to_le_bytes());
+        long[20..24].copy_from_slice(&10_000u32.to_le_bytes());
+        assert!(collect(&long).is_err());
+        // A reply whose body runs past the batch.
+        let mut past = good.clone();
+        past[32 + 8..32 + 12].copy_from_slice(&5_000u32.to_le_bytes());
+        assert!(collect(&past).is_err());
+        // Metadata longer than the body.
+        let mut md = good.clone();
+        md[32 + 12..32 + 14].copy_from_slice(&9u16.to_le_bytes());
+        assert!(collect(&md).is_err());
+        // An unknown status code.
+        let mut status = good.clone();
+        status[32 + 14..32 + 16].copy_from_slice(&99u16.to_le_bytes());
+        assert!(collect(&status).is_err());
+        // Another count than the replies it holds.
+        let mut count = good.clone();
+        count[28..32].copy_from_slice(&3u32.to_le_bytes());
+        assert!(collect(&count).is_err());
+        // A header cut short at the end.
+        let mut cut = good.clone();
+        cut.resize(32 + align16(cut.len() - 32), 0);
+        cut.extend_from_slice(&[0; 8]);
+        let len = (cut.len() - 32) as u32;
+        cut[12..16].copy_from_slice(&len.to_le_bytes());
+        cut[20..24].copy_from_slice(&len.to_le_bytes());
+        assert!(collect(&cut).is_err());
+        // Garbage metadata fails that call only.
+        let bad_md = batch(&[(1, 0, &[0xff, 1, 2], b"x")]);
+        let got = collect(&bad_md).unwrap();
+        assert!(got[0].1.is_err());
+        assert!(collect(&good).is_ok());
     }
 }

@@ -29,8 +29,8 @@ use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, Serv
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
     align16, align64, batch_bucket, block_state, bump, compact_flags, conn_tag, kind,
-    latency_bucket, provisioning, wire_flags, CompactHeader, ResponseHeader, WireHeader,
-    COMPACT_HEADER_LEN, HEADER_LEN, RESPONSE_HEADER_LEN,
+    latency_bucket, provisioning, wire_flags, CompactHeader, CompactReply, ResponseHeader,
+    WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN, RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
@@ -216,6 +216,8 @@ struct Conn {
     partials: Mutex<HashMap<u64, Partial>>,
     /// The largest response body this client accepts (from its `Hello`).
     client_max: usize,
+    /// The longest record its response ring takes.
+    record_limit: usize,
     /// The client shares our page-pool domain: its payloads may arrive as Refs.
     by_ref: bool,
     /// The client's pid (`SO_PEERCRED`): it may send only Refs it created.
@@ -231,6 +233,11 @@ struct Scratch {
     method: String,
     /// Requests in the queue entry just served (a batch holds several).
     batch: u32,
+    /// While a compact batch is served: its replies, gathered into one ring record
+    /// (`CompactReply` entries) that goes out when the batch ends.
+    collecting: bool,
+    replies: Vec<u8>,
+    reply_count: u32,
 }
 
 thread_local! {
@@ -757,6 +764,7 @@ impl ServerShared {
             tag,
             token,
             next_record: AtomicUsize::new(producer.next_record_ptr() as usize),
+            record_limit: producer.max_record_len(),
             producer: SpinLock::new(producer),
             segment,
             socket,
@@ -1240,6 +1248,29 @@ impl ServerShared {
         me: &WorkerSlot,
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
+        let compact = first.reserved[0] & wire_flags::BATCH_COMPACT != 0;
+        if !compact {
+            return self.serve_requests(conn, run, run_len, first, me, response);
+        }
+        // A compact batch's replies go out together in one record (or a few, if they do not
+        // fit one), sent when the batch ends, whether it ended well or not.
+        response.collecting = true;
+        let served = self.serve_requests(conn, run, run_len, first, me, response);
+        response.collecting = false;
+        let flushed = self.flush_replies(conn, response);
+        served.and(flushed)
+    }
+
+    /// The requests of a batch, each dispatched in turn (see `serve_batch`).
+    fn serve_requests(
+        &self,
+        conn: &Arc<Conn>,
+        run: *mut u8,
+        run_len: usize,
+        first: WireHeader,
+        me: &WorkerSlot,
+        response: &mut Scratch,
+    ) -> Result<(), &'static str> {
         let mut h = first;
         // Where the current request's header starts, and how long that header is (a compact
         // batch's requests after the first carry a CompactHeader).
@@ -1413,17 +1444,13 @@ impl ServerShared {
             _ if builder.is_deferred() => Ok(()),
             Ok(()) => {
                 bump(&stats.bytes_out, builder.body().len() as u64);
-                self.respond(conn, h.call_id, Code::Ok, &builder.metadata, builder.body())
+                let (metadata, body) = (&builder.metadata, builder.body());
+                self.reply(conn, h.call_id, Code::Ok, metadata, body, response)
             }
             Err(status) => {
                 bump(&stats.errors, 1);
-                self.respond(
-                    conn,
-                    h.call_id,
-                    status.code(),
-                    &Metadata::new(),
-                    status.message().as_bytes(),
-                )
+                let message = status.message().as_bytes();
+                self.reply(conn, h.call_id, status.code(), &Metadata::new(), message, response)
             }
         };
         // The blocks go back to the client only now: a reply may borrow them, and the store
@@ -1530,6 +1557,115 @@ impl ServerShared {
     }
 
     /// Writes a response (in fragments if needed) into the client's ring.
+    /// Sends the reply to `call_id`: into the compact batch's record being gathered, if one
+    /// is and the reply is whole and short-metadata, else as a record of its own.
+    fn reply(
+        &self,
+        conn: &Arc<Conn>,
+        call_id: u64,
+        code: Code,
+        metadata: &Metadata,
+        payload: &[u8],
+        acc: &mut Scratch,
+    ) -> Result<(), &'static str> {
+        if acc.collecting {
+            let md_len = metadata.encoded_len();
+            let body_len = md_len + payload.len();
+            let entry = COMPACT_REPLY_LEN + body_len;
+            let room = conn.record_limit - RESPONSE_HEADER_LEN;
+            if md_len <= usize::from(u16::MAX) && body_len <= conn.client_max && entry <= room / 2
+            {
+                if align16(acc.replies.len()) + entry > room {
+                    self.flush_replies(conn, acc)?;
+                }
+                let at = align16(acc.replies.len());
+                acc.replies.resize(at, 0);
+                let header = CompactReply {
+                    call_id,
+                    body_len: body_len as u32,
+                    metadata_len: md_len as u16,
+                    status: code as u16,
+                };
+                acc.replies.extend_from_slice(header.as_bytes());
+                metadata.encode_into(&mut acc.replies);
+                netless_shm::copy::extend(&mut acc.replies, payload);
+                acc.reply_count += 1;
+                return Ok(());
+            }
+        }
+        self.respond(conn, call_id, code, metadata, payload)
+    }
+
+    /// Sends the replies gathered for a compact batch as one `RESPONSE_BATCH` record.
+    fn flush_replies(&self, conn: &Arc<Conn>, acc: &mut Scratch) -> Result<(), &'static str> {
+        if acc.reply_count == 0 {
+            return Ok(());
+        }
+        let header = ResponseHeader {
+            kind: kind::RESPONSE_BATCH,
+            body_len: acc.replies.len() as u32,
+            frag_len: acc.replies.len() as u32,
+            reserved: acc.reply_count,
+            ..ResponseHeader::default()
+        };
+        let pushed = self.push_record(conn, &[header.as_bytes(), &acc.replies]);
+        acc.replies.clear();
+        acc.reply_count = 0;
+        if pushed.is_ok() {
+            ring_client(conn);
+        }
+        pushed
+    }
+
+    /// The connection's response-ring producer: unlocked when only this (single) worker can
+    /// reply, else under its lock.
+    fn with_producer<T>(&self, conn: &Conn, f: impl FnOnce(&mut Producer<'static>) -> T) -> T {
+        if self.workers.len() == 1 && !self.deferring.load(Ordering::Relaxed) {
+            // No lock, so no locked instruction stalling on this core's pending stores. The
+            // worker itself sets `deferring` before the first DeferredReply exists, so once
+            // another thread may reply, this worker sees the flag and locks too.
+            // SAFETY: one worker and no deferred replies: no other thread ever touches a
+            // connection's producer (the acceptor and shutdown never do).
+            f(unsafe { conn.producer.get_unsynchronized() })
+        } else {
+            f(&mut conn.producer.lock())
+        }
+    }
+
+    /// Pushes one record made of `parts` into the connection's response ring, waiting (and
+    /// ringing the client) while the ring is full, up to `response_stall_limit`. `Ok` also
+    /// when the client died or the server is stopping meanwhile (nothing to send to).
+    fn push_record(&self, conn: &Conn, parts: &[&[u8]]) -> Result<(), &'static str> {
+        self.with_producer(conn, |producer| {
+            let mut stalled_since: Option<Instant> = None;
+            loop {
+                match producer.try_push(parts) {
+                    Ok(()) => break,
+                    Err(PushError::Full) => {
+                        if conn.dead.load(Ordering::Acquire)
+                            || self.stopping.load(Ordering::Acquire)
+                        {
+                            return Ok(());
+                        }
+                        let since = *stalled_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() > self.config.response_stall_limit {
+                            return Err("the client stopped draining its response ring");
+                        }
+                        netless_ring::ring(conn.segment.doorbell());
+                        thread::yield_now();
+                    }
+                    Err(PushError::TooLarge) => {
+                        return Err("response fragment larger than the ring")
+                    }
+                    Err(_) => return Err("the response ring's head is corrupt"),
+                }
+            }
+            conn.next_record
+                .store(producer.next_record_ptr() as usize, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
     fn respond(
         &self,
         conn: &Arc<Conn>,
@@ -1567,18 +1703,6 @@ impl ServerShared {
             &md_bytes
         };
         let body_len = md_len + payload.len();
-        let mut guard;
-        let producer = if self.workers.len() == 1 && !self.deferring.load(Ordering::Relaxed) {
-            // No lock, so no locked instruction stalling on this core's pending stores. The
-            // worker itself sets `deferring` before the first DeferredReply exists, so once
-            // another thread may reply, this worker sees the flag and locks too.
-            // SAFETY: one worker and no deferred replies: no other thread ever touches a
-            // connection's producer (the acceptor and shutdown never do).
-            unsafe { conn.producer.get_unsynchronized() }
-        } else {
-            guard = conn.producer.lock();
-            &mut *guard
-        };
         #[cfg(feature = "fault-injection")]
         match self.corrupt_responses.load(Ordering::Relaxed) {
             1 => {
@@ -1589,7 +1713,7 @@ impl ServerShared {
                     frag_len: 5000,
                     ..ResponseHeader::default()
                 };
-                let _ = producer.try_push(&[garbage.as_bytes()]);
+                self.with_producer(conn, |p| p.try_push(&[garbage.as_bytes()]).ok());
                 netless_ring::ring(conn.segment.doorbell());
                 return Ok(());
             }
@@ -1603,8 +1727,8 @@ impl ServerShared {
             }
             _ => {}
         }
-        let max_fragment = producer
-            .max_record_len()
+        let max_fragment = conn
+            .record_limit
             .saturating_sub(RESPONSE_HEADER_LEN)
             .max(1);
         let mut header = ResponseHeader {
@@ -1621,33 +1745,9 @@ impl ServerShared {
             header.frag_offset = offset as u32;
             header.frag_len = frag_len as u32;
             let (a, b) = split_range(md_slice, payload, offset, frag_len);
-            let mut stalled_since: Option<Instant> = None;
-            loop {
-                match producer.try_push(&[header.as_bytes(), a, b]) {
-                    Ok(()) => break,
-                    Err(PushError::Full) => {
-                        if conn.dead.load(Ordering::Acquire)
-                            || self.stopping.load(Ordering::Acquire)
-                        {
-                            return Ok(());
-                        }
-                        let since = *stalled_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() > self.config.response_stall_limit {
-                            return Err("the client stopped draining its response ring");
-                        }
-                        netless_ring::ring(conn.segment.doorbell());
-                        thread::yield_now();
-                    }
-                    Err(PushError::TooLarge) => {
-                        return Err("response fragment larger than the ring")
-                    }
-                    Err(_) => return Err("the response ring's head is corrupt"),
-                }
-            }
+            self.push_record(conn, &[header.as_bytes(), a, b])?;
             offset += frag_len;
             if offset >= body_len {
-                conn.next_record
-                    .store(producer.next_record_ptr() as usize, Ordering::Relaxed);
                 // Inside a batch (or a handler's poll), once at its end.
                 ring_client(conn);
                 return Ok(());
