@@ -581,8 +581,7 @@ fn for_each_compact_reply(
     // SAFETY: the caller checked (is_reply_batch) that a whole header is there.
     let h = unsafe { ResponseHeader::read_from(record.as_ptr()) };
     let len = h.body_len as usize;
-    if h.frag_offset != 0 || h.frag_len != h.body_len || len > record.len() - RESPONSE_HEADER_LEN
-    {
+    if h.frag_offset != 0 || h.frag_len != h.body_len || len > record.len() - RESPONSE_HEADER_LEN {
         return Err("a reply batch longer than its record");
     }
     let entries = &record[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + len];

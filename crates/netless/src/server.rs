@@ -1450,7 +1450,14 @@ impl ServerShared {
             Err(status) => {
                 bump(&stats.errors, 1);
                 let message = status.message().as_bytes();
-                self.reply(conn, h.call_id, status.code(), &Metadata::new(), message, response)
+                self.reply(
+                    conn,
+                    h.call_id,
+                    status.code(),
+                    &Metadata::new(),
+                    message,
+                    response,
+                )
             }
         };
         // The blocks go back to the client only now: a reply may borrow them, and the store
@@ -1573,8 +1580,7 @@ impl ServerShared {
             let body_len = md_len + payload.len();
             let entry = COMPACT_REPLY_LEN + body_len;
             let room = conn.record_limit - RESPONSE_HEADER_LEN;
-            if md_len <= usize::from(u16::MAX) && body_len <= conn.client_max && entry <= room / 2
-            {
+            if md_len <= usize::from(u16::MAX) && body_len <= conn.client_max && entry <= room / 2 {
                 if align16(acc.replies.len()) + entry > room {
                     self.flush_replies(conn, acc)?;
                 }
@@ -1727,10 +1733,7 @@ impl ServerShared {
             }
             _ => {}
         }
-        let max_fragment = conn
-            .record_limit
-            .saturating_sub(RESPONSE_HEADER_LEN)
-            .max(1);
+        let max_fragment = conn.record_limit.saturating_sub(RESPONSE_HEADER_LEN).max(1);
         let mut header = ResponseHeader {
             call_id,
             kind: kind::RESPONSE,
