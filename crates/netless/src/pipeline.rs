@@ -673,7 +673,10 @@ mod tests {
         record
     }
 
-    fn collect(record: &[u8]) -> Result<Vec<(u64, Result<Vec<u8>, Status>)>, &'static str> {
+    /// Each reply's call id and outcome.
+    type Delivered = Vec<(u64, Result<Vec<u8>, Status>)>;
+
+    fn collect(record: &[u8]) -> Result<Delivered, &'static str> {
         let mut got = Vec::new();
         for_each_compact_reply(record, 1 << 20, |id, code, (md, rest)| {
             got.push((id, outcome(code, md, rest).map(<[u8]>::to_vec)));
