@@ -14,10 +14,11 @@ use crate::status::Status;
 pub const DEFAULT_MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
 /// Default size from which a payload travels as a Ref through the domain's page pool when
-/// client and server share one: the crossover `netless bench dmrpc --only transfer` measured
-/// on a 2-core VM (three runs on 2026-11-24, medians: by value faster up to 8 KiB, even at
-/// 16 KiB, by reference 1.09× faster at 32 KiB and 1.15× at 64 KiB).
-pub const DEFAULT_REF_THRESHOLD: usize = 32 * 1024;
+/// client and server share one: the crossover `netless bench dmrpc` measured on 2-core VMs
+/// (2026-11-25, AMD EPYC, three runs: by value faster at 8 KiB (0.94–0.98×), by reference
+/// at 16 KiB (1.08–1.21×) and above; 2026-11-24, Intel Xeon: even at 16 KiB (1.03×), by
+/// reference 1.09× faster at 32 KiB).
+pub const DEFAULT_REF_THRESHOLD: usize = 16 * 1024;
 
 /// Default receive buffer of a server with no SLO: 1 MiB (shared, or per worker).
 pub const DEFAULT_BUFFER_BYTES: usize = 1 << 20;
