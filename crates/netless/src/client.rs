@@ -936,20 +936,24 @@ impl Shared {
     /// Fails fast, before anything is written, if more requests are queued ahead than the
     /// server's SLO allows (NEBULA's NACK: such a request would miss its SLO anyway).
     pub(crate) fn check_depth(&self, queue: &QueueView) -> Result<(), Status> {
-        let limit = self
-            .replica
-            .server_control()
-            .depth_limit
-            .load(Ordering::Relaxed);
+        let ctrl = self.replica.server_control();
+        let limit = ctrl.depth_limit.load(Ordering::Relaxed);
         if limit == 0 {
             return Ok(());
         }
-        let depth = queue.depth();
+        // The queue holds entries, the limit counts requests: scale by the requests per
+        // entry the server has seen lately (batches hold several).
+        let per_entry = u64::from(
+            ctrl.requests_per_entry_x16
+                .load(Ordering::Relaxed)
+                .clamp(16, 16 * 256),
+        );
+        let depth = queue.depth() * per_entry / 16;
         if depth < u64::from(limit) {
             return Ok(());
         }
         Err(self.nack(format!(
-            "service `{}` has {depth} requests queued, more than the {limit} its latency SLO allows: the call would miss it; retry with backoff or on another replica",
+            "service `{}` has about {depth} requests queued, more than the {limit} its latency SLO allows: the call would miss it; retry with backoff or on another replica",
             self.service
         )))
     }

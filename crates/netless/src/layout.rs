@@ -117,6 +117,10 @@ pub struct ServerControl {
     pub slo_ns: AtomicU64,
     /// Bumped by every change of a register.
     pub generation: AtomicU32,
+    /// Requests per queue entry lately, in sixteenths (a batch is one entry for several
+    /// requests; 0 or 16: one). `depth_limit` counts requests and the queue counts entries,
+    /// so a client scales the depth it sees by this before comparing.
+    pub requests_per_entry_x16: AtomicU32,
 }
 const _: () = assert!(std::mem::size_of::<ServerControl>() == 64);
 

@@ -224,6 +224,39 @@ struct Conn {
     peer_pid: u32,
 }
 
+/// A worker's running estimate of requests per queue entry (batches hold several), which
+/// it publishes in `ServerControl::requests_per_entry_x16` for clients to scale the queue's
+/// depth by: an exponential average over the last few dozen entries, stored only when it
+/// moved by an eighth of a request or more, so the line clients read stays put.
+struct PerEntry {
+    /// The average, in 1024ths of a request (fine enough that the integer average converges).
+    x1024: i64,
+    /// What this worker last published, in sixteenths.
+    published: u32,
+}
+
+impl Default for PerEntry {
+    fn default() -> Self {
+        PerEntry {
+            x1024: 1024,
+            published: 0,
+        }
+    }
+}
+
+impl PerEntry {
+    fn observe(&mut self, requests: u32, shared: &AtomicU32) {
+        let sample = i64::from(requests.clamp(1, 256)) * 1024;
+        // x += (sample - x) / 16: a mean over the last few dozen entries.
+        self.x1024 += (sample - self.x1024) / 16;
+        let x16 = ((self.x1024 + 32) / 64).clamp(16, 16 * 256) as u32;
+        if x16.abs_diff(self.published) >= 2 {
+            self.published = x16;
+            shared.store(x16, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A worker's reusable response buffers, so a steady stream of calls allocates nothing.
 #[derive(Default)]
 struct Scratch {
@@ -934,6 +967,7 @@ impl ServerShared {
         let control = self.replica.server_control();
         let mut sleeps = 0u64;
         let mut served = 0u64;
+        let mut per_entry = PerEntry::default();
         let mut polls = 0u32;
         // The queue's doorbell, then the handler's own sources.
         let sources = self.handler.wake_sources(worker);
@@ -1066,12 +1100,17 @@ impl ServerShared {
             response.batch = 1;
             self.serve(block, me, &mut cache, &mut response);
             bump(&stats.batch[batch_bucket(response.batch)], 1);
+            per_entry.observe(
+                response.batch,
+                &self.replica.server_control().requests_per_entry_x16,
+            );
             if let Some(t) = started {
                 let ns = t.elapsed().as_nanos() as u64;
                 bump(&stats.latency[latency_bucket(ns)], 1);
                 if measure {
+                    // Per request: an entry may be a batch of several.
                     bump(&me.busy_ns, ns);
-                    bump(&me.measured, 1);
+                    bump(&me.measured, u64::from(response.batch.max(1)));
                 }
             }
             me.serving.store(IDLE, Ordering::Release);
@@ -1912,6 +1951,30 @@ fn random_token() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_per_entry_follow_the_batches_and_publish_only_changes() {
+        let shared = AtomicU32::new(0);
+        let mut estimate = PerEntry::default();
+        estimate.observe(1, &shared);
+        assert_eq!(shared.load(Ordering::Relaxed), 16, "one request per entry");
+        for _ in 0..200 {
+            estimate.observe(4, &shared);
+        }
+        let four = shared.load(Ordering::Relaxed);
+        assert!((60..=64).contains(&four), "batches of 4: {four}");
+        // Steady batches leave the published value alone.
+        shared.store(12345, Ordering::Relaxed);
+        for _ in 0..50 {
+            estimate.observe(4, &shared);
+        }
+        assert_eq!(shared.load(Ordering::Relaxed), 12345);
+        for _ in 0..200 {
+            estimate.observe(1, &shared);
+        }
+        let one = shared.load(Ordering::Relaxed);
+        assert!((16..=17).contains(&one), "back to single requests: {one}");
+    }
 
     #[test]
     fn split_range_parts() {
