@@ -218,6 +218,8 @@ struct Conn {
     client_max: usize,
     /// The longest record its response ring takes.
     record_limit: usize,
+    /// It sent a compact batch, so it reads `RESPONSE_BATCH` records (it is a `Pipeline`).
+    pipelined: AtomicBool,
     /// The client shares our page-pool domain: its payloads may arrive as Refs.
     by_ref: bool,
     /// The client's pid (`SO_PEERCRED`): it may send only Refs it created.
@@ -269,8 +271,58 @@ struct Scratch {
     /// While a compact batch is served: its replies, gathered into one ring record
     /// (`CompactReply` entries) that goes out when the batch ends.
     collecting: bool,
-    replies: Vec<u8>,
-    reply_count: u32,
+    replies: ReplyBatch,
+}
+
+/// Replies gathered for one connection, sent as one `RESPONSE_BATCH` ring record of
+/// `CompactReply` entries. Only a connection that sent compact batches (a `Pipeline`,
+/// which reads such records) gets one.
+#[derive(Default)]
+struct ReplyBatch {
+    bytes: Vec<u8>,
+    count: u32,
+}
+
+impl ReplyBatch {
+    /// The entry's length, if this reply may go in a batch to `conn`: whole, metadata
+    /// under 64 KiB, within the client's limit, at most half a record.
+    fn entry_len(conn: &Conn, md_len: usize, payload_len: usize) -> Option<usize> {
+        let body_len = md_len + payload_len;
+        let entry = COMPACT_REPLY_LEN + body_len;
+        (md_len <= usize::from(u16::MAX)
+            && body_len <= conn.client_max
+            && entry <= (conn.record_limit - RESPONSE_HEADER_LEN) / 2)
+            .then_some(entry)
+    }
+
+    /// Whether an entry of `entry` bytes still fits this batch's record for `conn`.
+    fn fits(&self, conn: &Conn, entry: usize) -> bool {
+        align16(self.bytes.len()) + entry <= conn.record_limit - RESPONSE_HEADER_LEN
+    }
+
+    fn push(&mut self, call_id: u64, code: Code, metadata: &Metadata, payload: &[u8]) {
+        let md_len = metadata.encoded_len();
+        let at = align16(self.bytes.len());
+        self.bytes.resize(at, 0);
+        let header = CompactReply {
+            call_id,
+            body_len: (md_len + payload.len()) as u32,
+            metadata_len: md_len as u16,
+            status: code as u16,
+        };
+        self.bytes.extend_from_slice(header.as_bytes());
+        metadata.encode_into(&mut self.bytes);
+        netless_shm::copy::extend(&mut self.bytes, payload);
+        self.count += 1;
+    }
+}
+
+/// Deferred replies a worker sent inside a [`RingSection`], per connection, sent as reply
+/// batches when the section ends.
+struct PendingReplies {
+    server: Arc<ServerShared>,
+    conn: Arc<Conn>,
+    batch: ReplyBatch,
 }
 
 thread_local! {
@@ -281,6 +333,9 @@ thread_local! {
     /// Whether `OWED` holds anything (so that a section that sent nothing costs two `Cell`
     /// updates: workers enter one on every idle poll).
     static ANY_OWED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Deferred replies sent in the section, to go out as reply batches when it ends.
+    static PENDING: std::cell::RefCell<Vec<PendingReplies>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ANY_PENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// While a worker serves a batch, or runs its handler's [`Handler::poll`], the replies it
@@ -299,6 +354,19 @@ impl RingSection {
 impl Drop for RingSection {
     fn drop(&mut self) {
         let depth = SECTIONS.get() - 1;
+        if depth == 0 && ANY_PENDING.replace(false) {
+            // Still inside the section, so these record their rings in OWED.
+            let mut pending = PENDING.with_borrow_mut(std::mem::take);
+            for p in &mut pending {
+                p.server.send_deferred_batch(&p.conn, &mut p.batch);
+            }
+            pending.clear();
+            PENDING.with_borrow_mut(|v| {
+                if v.is_empty() {
+                    *v = pending;
+                }
+            });
+        }
         SECTIONS.set(depth);
         if depth == 0 && ANY_OWED.replace(false) {
             // Taken out before ringing, so no borrow is held while the `Arc`s drop.
@@ -798,6 +866,7 @@ impl ServerShared {
             token,
             next_record: AtomicUsize::new(producer.next_record_ptr() as usize),
             record_limit: producer.max_record_len(),
+            pipelined: AtomicBool::new(false),
             producer: SpinLock::new(producer),
             segment,
             socket,
@@ -1293,6 +1362,7 @@ impl ServerShared {
         }
         // A compact batch's replies go out together in one record (or a few, if they do not
         // fit one), sent when the batch ends, whether it ended well or not.
+        conn.pipelined.store(true, Ordering::Relaxed);
         response.collecting = true;
         let served = self.serve_requests(conn, run, run_len, first, me, response);
         response.collecting = false;
@@ -1615,26 +1685,12 @@ impl ServerShared {
         acc: &mut Scratch,
     ) -> Result<(), &'static str> {
         if acc.collecting {
-            let md_len = metadata.encoded_len();
-            let body_len = md_len + payload.len();
-            let entry = COMPACT_REPLY_LEN + body_len;
-            let room = conn.record_limit - RESPONSE_HEADER_LEN;
-            if md_len <= usize::from(u16::MAX) && body_len <= conn.client_max && entry <= room / 2 {
-                if align16(acc.replies.len()) + entry > room {
-                    self.flush_replies(conn, acc)?;
+            if let Some(entry) = ReplyBatch::entry_len(conn, metadata.encoded_len(), payload.len())
+            {
+                if !acc.replies.fits(conn, entry) {
+                    self.send_batch(conn, &mut acc.replies)?;
                 }
-                let at = align16(acc.replies.len());
-                acc.replies.resize(at, 0);
-                let header = CompactReply {
-                    call_id,
-                    body_len: body_len as u32,
-                    metadata_len: md_len as u16,
-                    status: code as u16,
-                };
-                acc.replies.extend_from_slice(header.as_bytes());
-                metadata.encode_into(&mut acc.replies);
-                netless_shm::copy::extend(&mut acc.replies, payload);
-                acc.reply_count += 1;
+                acc.replies.push(call_id, code, metadata, payload);
                 return Ok(());
             }
         }
@@ -1643,23 +1699,40 @@ impl ServerShared {
 
     /// Sends the replies gathered for a compact batch as one `RESPONSE_BATCH` record.
     fn flush_replies(&self, conn: &Arc<Conn>, acc: &mut Scratch) -> Result<(), &'static str> {
-        if acc.reply_count == 0 {
+        self.send_batch(conn, &mut acc.replies)
+    }
+
+    /// Sends `batch` (if it holds anything) as one `RESPONSE_BATCH` record and empties it.
+    fn send_batch(&self, conn: &Arc<Conn>, batch: &mut ReplyBatch) -> Result<(), &'static str> {
+        if batch.count == 0 {
             return Ok(());
         }
         let header = ResponseHeader {
             kind: kind::RESPONSE_BATCH,
-            body_len: acc.replies.len() as u32,
-            frag_len: acc.replies.len() as u32,
-            reserved: acc.reply_count,
+            body_len: batch.bytes.len() as u32,
+            frag_len: batch.bytes.len() as u32,
+            reserved: batch.count,
             ..ResponseHeader::default()
         };
-        let pushed = self.push_record(conn, &[header.as_bytes(), &acc.replies]);
-        acc.replies.clear();
-        acc.reply_count = 0;
+        let pushed = self.push_record(conn, &[header.as_bytes(), &batch.bytes]);
+        batch.bytes.clear();
+        batch.count = 0;
         if pushed.is_ok() {
             ring_client(conn);
         }
         pushed
+    }
+
+    /// [`ServerShared::send_batch`] for deferred replies: a failure closes the connection,
+    /// as a failed `DeferredReply::send` does.
+    fn send_deferred_batch(&self, conn: &Arc<Conn>, batch: &mut ReplyBatch) {
+        if let Err(why) = self.send_batch(conn, batch) {
+            self.violations.fetch_add(1, Ordering::Relaxed);
+            conn.close(Status::internal(format!(
+                "connection closed by service `{}`: the client violated the protocol ({why})",
+                self.service
+            )));
+        }
     }
 
     /// The connection's response-ring producer: unlocked when only this (single) worker can
@@ -1862,6 +1935,15 @@ impl DeferredReply {
                 "the client's connection is closed; the reply was not sent",
             ));
         }
+        if SECTIONS.get() > 0 && self.conn.pipelined.load(Ordering::Relaxed) {
+            // On a worker, inside a batch or its handler's poll: gathered per connection and
+            // sent as reply batches when the section ends.
+            let md_len = metadata.encoded_len();
+            if let Some(entry) = ReplyBatch::entry_len(&self.conn, md_len, payload.len()) {
+                self.gather(entry, code, metadata, payload);
+                return Ok(());
+            }
+        }
         self.server
             .respond(&self.conn, self.call_id, code, metadata, payload)
             .map_err(|why| {
@@ -1872,6 +1954,35 @@ impl DeferredReply {
                 )));
                 Status::unavailable(format!("the client's connection was closed: {why}"))
             })
+    }
+}
+
+impl DeferredReply {
+    /// Adds this reply to the thread's pending batch for its connection (sending that batch
+    /// first if the reply would not fit it).
+    fn gather(&self, entry: usize, code: Code, metadata: &Metadata, payload: &[u8]) {
+        PENDING.with_borrow_mut(|pending| {
+            let at = match pending
+                .iter()
+                .position(|p| Arc::ptr_eq(&p.conn, &self.conn))
+            {
+                Some(at) => at,
+                None => {
+                    pending.push(PendingReplies {
+                        server: self.server.clone(),
+                        conn: self.conn.clone(),
+                        batch: ReplyBatch::default(),
+                    });
+                    pending.len() - 1
+                }
+            };
+            let p = &mut pending[at];
+            if !p.batch.fits(&p.conn, entry) {
+                p.server.send_deferred_batch(&p.conn, &mut p.batch);
+            }
+            p.batch.push(self.call_id, code, metadata, payload);
+        });
+        ANY_PENDING.set(true);
     }
 }
 
