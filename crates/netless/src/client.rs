@@ -867,7 +867,7 @@ impl Shared {
         }
         let queue = self.replica.queue_for(self.conn_index);
         if first {
-            self.check_depth(queue)?;
+            self.check_depth(queue, 0)?;
         }
         let mut spins = 0u32;
         loop {
@@ -935,7 +935,9 @@ impl Shared {
 
     /// Fails fast, before anything is written, if more requests are queued ahead than the
     /// server's SLO allows (NEBULA's NACK: such a request would miss its SLO anyway).
-    pub(crate) fn check_depth(&self, queue: &QueueView) -> Result<(), Status> {
+    /// `unpublished`: requests of ours that will enter the queue ahead of this one (a
+    /// pipeline's open batch).
+    pub(crate) fn check_depth(&self, queue: &QueueView, unpublished: u64) -> Result<(), Status> {
         let ctrl = self.replica.server_control();
         let limit = ctrl.depth_limit.load(Ordering::Relaxed);
         if limit == 0 {
@@ -948,7 +950,7 @@ impl Shared {
                 .load(Ordering::Relaxed)
                 .clamp(16, 16 * 256),
         );
-        let depth = queue.depth() * per_entry / 16;
+        let depth = queue.depth() * per_entry / 16 + unpublished;
         if depth < u64::from(limit) {
             return Ok(());
         }

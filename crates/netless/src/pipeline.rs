@@ -177,6 +177,16 @@ impl Pipeline {
         {
             self.publish();
         }
+        if let Some(staged) = self.staged.as_ref().filter(|s| s.count > 0) {
+            // Under an SLO every request is admitted on its own: one joining an open batch
+            // will queue behind that batch's requests as well as those already queued.
+            let shared = self.client.shared();
+            let queue = shared.replica.queue_for(shared.conn_index);
+            if let Err(nack) = shared.check_depth(queue, u64::from(staged.count)) {
+                self.free.push(index);
+                return Err(nack);
+            }
+        }
         if self.staged.is_none() {
             // Room for the batch this one will most likely end: the whole batch when fixed;
             // when adaptive, this request alone if the server has none of ours (low load),
@@ -458,7 +468,7 @@ impl Pipeline {
         batch_max: u32,
     ) -> Result<(), Status> {
         let shared = self.client.shared();
-        shared.check_depth(shared.replica.queue_for(shared.conn_index))?;
+        shared.check_depth(shared.replica.queue_for(shared.conn_index), 0)?;
         let block = shared.replica.block_size();
         let one = first_need.div_ceil(block) as u32;
         let want = (first_need + compact_need * (batch_max as usize - 1))
