@@ -1366,7 +1366,7 @@ impl ServerShared {
         response.collecting = true;
         let served = self.serve_requests(conn, run, run_len, first, me, response);
         response.collecting = false;
-        let flushed = self.flush_replies(conn, response);
+        let flushed = self.send_batch(conn, &mut response.replies);
         served.and(flushed)
     }
 
@@ -1695,11 +1695,6 @@ impl ServerShared {
             }
         }
         self.respond(conn, call_id, code, metadata, payload)
-    }
-
-    /// Sends the replies gathered for a compact batch as one `RESPONSE_BATCH` record.
-    fn flush_replies(&self, conn: &Arc<Conn>, acc: &mut Scratch) -> Result<(), &'static str> {
-        self.send_batch(conn, &mut acc.replies)
     }
 
     /// Sends `batch` (if it holds anything) as one `RESPONSE_BATCH` record and empties it.
