@@ -4,18 +4,19 @@
 //!
 //! Prefetches are hints: they never fault, never change memory and may be ignored, so any
 //! address (even a stale or garbage one computed from a peer's data) is harmless. This module
-//! never reads or writes the memory it names.
+//! never reads or writes the memory it names. Under loom and Miri (which cannot run inline
+//! assembly) the hints compile to nothing.
 
 /// Starts fetching the cache line holding `ptr` for reading.
 #[inline(always)]
 pub fn prefetch_read(ptr: *const u8) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
     // SAFETY: PREFETCHT0 is a hint: it does not fault on any address and does not modify
     // memory or registers other than the cache.
     unsafe {
         std::arch::asm!("prefetcht0 [{}]", in(reg) ptr, options(nostack, preserves_flags, readonly));
     }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     let _ = ptr;
 }
 
@@ -23,13 +24,13 @@ pub fn prefetch_read(ptr: *const u8) {
 /// CPUs without PREFETCHW the instruction decodes as a no-op.
 #[inline(always)]
 pub fn prefetch_write(ptr: *const u8) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
     // SAFETY: PREFETCHW is a hint: it does not fault on any address and does not modify
     // memory contents.
     unsafe {
         std::arch::asm!("prefetchw [{}]", in(reg) ptr, options(nostack, preserves_flags, readonly));
     }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     let _ = ptr;
 }
 
@@ -46,13 +47,13 @@ pub fn prefetch_write_range(ptr: *const u8, len: usize, max_lines: usize) {
 /// does not hold one of the few L1 miss buffers for the whole transfer.
 #[inline(always)]
 pub fn prefetch_read_l2(ptr: *const u8) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
     // SAFETY: PREFETCHT1 is a hint: it does not fault on any address and does not modify
     // memory or registers other than the cache.
     unsafe {
         std::arch::asm!("prefetcht1 [{}]", in(reg) ptr, options(nostack, preserves_flags, readonly));
     }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    #[cfg(not(all(target_arch = "x86_64", not(loom), not(miri))))]
     let _ = ptr;
 }
 
