@@ -868,6 +868,15 @@ impl Shared {
         let queue = self.replica.queue_for(self.conn_index);
         if first {
             self.check_depth(queue, 0)?;
+            if self
+                .replica
+                .server_control()
+                .depth_limit
+                .load(Ordering::Relaxed)
+                != 0
+            {
+                header.reserved[1] = crate::admission::enqueue_stamp();
+            }
         }
         let mut spins = 0u32;
         loop {
@@ -939,7 +948,7 @@ impl Shared {
     /// pipeline's open batch).
     pub(crate) fn check_depth(&self, queue: &QueueView, unpublished: u64) -> Result<(), Status> {
         let ctrl = self.replica.server_control();
-        let limit = ctrl.depth_limit.load(Ordering::Relaxed);
+        let limit = crate::admission::admitted_depth(ctrl);
         if limit == 0 {
             return Ok(());
         }

@@ -192,10 +192,13 @@ pub(crate) fn set(
             };
             ctrl.slo_ns.store(us * 1000, Ordering::Relaxed);
             ctrl.depth_limit.store(limit, Ordering::Relaxed);
+            // The workers adapt the admitted depth afresh from the new limit.
+            ctrl.depth_admit.store(0, Ordering::Relaxed);
         }
         "depth_limit" => {
             let n = number(u64::from(u32::MAX))? as u32;
             ctrl.depth_limit.store(n, Ordering::Relaxed);
+            ctrl.depth_admit.store(0, Ordering::Relaxed);
         }
         "max_connections" => {
             let n = number(u64::from(config.max_connections))? as u32;

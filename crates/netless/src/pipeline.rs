@@ -524,11 +524,24 @@ impl Pipeline {
             .replica
             .block_run(staged.start, used)
             .expect("a claimed run lies inside the buffer");
+        // Under an SLO the batch carries the time it is enqueued (workers measure sojourns).
+        let stamp = if shared
+            .replica
+            .server_control()
+            .depth_limit
+            .load(Ordering::Relaxed)
+            != 0
+        {
+            crate::admission::enqueue_stamp()
+        } else {
+            0
+        };
         // SAFETY: the run's first header is ours and unpublished; nblocks is set last.
         unsafe {
             let first = run as *mut WireHeader;
             let mut h = WireHeader::read_from(first as *const u8);
             h.nblocks = used;
+            h.reserved[1] = stamp;
             std::ptr::write_unaligned(first, h);
         }
         let q = shared.replica.queue_for(shared.conn_index);

@@ -268,6 +268,9 @@ struct Scratch {
     method: String,
     /// Requests in the queue entry just served (a batch holds several).
     batch: u32,
+    /// That entry's enqueue stamp (`WireHeader::reserved[1]`; 0: none), for
+    /// [`crate::admission`].
+    stamp: u32,
     /// While a compact batch is served: its replies, gathered into one ring record
     /// (`CompactReply` entries) that goes out when the batch ends.
     collecting: bool,
@@ -1037,6 +1040,7 @@ impl ServerShared {
         let mut sleeps = 0u64;
         let mut served = 0u64;
         let mut per_entry = PerEntry::default();
+        let mut sojourns = crate::admission::Sojourns::default();
         let mut polls = 0u32;
         // The queue's doorbell, then the handler's own sources.
         let sources = self.handler.wake_sources(worker);
@@ -1167,7 +1171,21 @@ impl ServerShared {
             served += 1;
             let started = (measure || served.is_multiple_of(16)).then(Instant::now);
             response.batch = 1;
+            response.stamp = 0;
             self.serve(block, me, &mut cache, &mut response);
+            // Under an SLO, entries carry the time they were enqueued: the sojourns steer the
+            // depth clients may join (one clock read per entry, and only then).
+            if response.stamp != 0 {
+                let slo_us = (control.slo_ns.load(Ordering::Relaxed) / 1000) as u32;
+                if slo_us != 0 {
+                    let now = crate::admission::enqueue_stamp();
+                    let depth = crate::admission::admitted_depth(control);
+                    let batch = response.batch;
+                    if let Some(v) = sojourns.observe(response.stamp, now, slo_us, batch, depth) {
+                        crate::admission::apply(control, v);
+                    }
+                }
+            }
             bump(&stats.batch[batch_bucket(response.batch)], 1);
             per_entry.observe(
                 response.batch,
@@ -1221,6 +1239,7 @@ impl ServerShared {
         };
         // SAFETY: `first` points at a whole block (>= 256 bytes) inside the mapping.
         let h = unsafe { WireHeader::read_from(first) };
+        response.stamp = h.reserved[1];
         let Some(conn) = self.lookup(h.conn_index, cache) else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
