@@ -38,6 +38,16 @@ pub(crate) fn enqueue_stamp() -> u32 {
     ((netless_shm::monotonic_ns() / 1000) as u32).max(1)
 }
 
+/// The stamp for an entry a client enqueues now: [`enqueue_stamp`] when the server admits
+/// by depth (an SLO), else 0 (no clock read).
+pub(crate) fn stamp_for(ctrl: &ServerControl) -> u32 {
+    if ctrl.depth_limit.load(Ordering::Relaxed) != 0 {
+        enqueue_stamp()
+    } else {
+        0
+    }
+}
+
 /// The depth a client may join: the workers' adapted depth when set and below the model's
 /// limit, else that limit (0: no limit).
 pub(crate) fn admitted_depth(ctrl: &ServerControl) -> u32 {

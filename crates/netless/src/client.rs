@@ -868,15 +868,7 @@ impl Shared {
         let queue = self.replica.queue_for(self.conn_index);
         if first {
             self.check_depth(queue, 0)?;
-            if self
-                .replica
-                .server_control()
-                .depth_limit
-                .load(Ordering::Relaxed)
-                != 0
-            {
-                header.reserved[1] = crate::admission::enqueue_stamp();
-            }
+            header.reserved[1] = crate::admission::stamp_for(self.replica.server_control());
         }
         let mut spins = 0u32;
         loop {

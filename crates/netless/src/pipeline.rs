@@ -525,17 +525,7 @@ impl Pipeline {
             .block_run(staged.start, used)
             .expect("a claimed run lies inside the buffer");
         // Under an SLO the batch carries the time it is enqueued (workers measure sojourns).
-        let stamp = if shared
-            .replica
-            .server_control()
-            .depth_limit
-            .load(Ordering::Relaxed)
-            != 0
-        {
-            crate::admission::enqueue_stamp()
-        } else {
-            0
-        };
+        let stamp = crate::admission::stamp_for(shared.replica.server_control());
         // SAFETY: the run's first header is ours and unpublished; nblocks is set last.
         unsafe {
             let first = run as *mut WireHeader;
