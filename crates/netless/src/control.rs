@@ -100,7 +100,8 @@ pub(crate) fn wait_policy(ctrl: &ServerControl) -> WaitPolicy {
     }
 }
 
-/// The registers as `key=value` lines.
+/// The registers as `key=value` lines, then the read-only `depth_admitted`: the depth clients
+/// may join now, as the workers adapted it from `depth_limit` (`crate::admission`).
 pub(crate) fn get(ctrl: &ServerControl) -> String {
     let wait = match ctrl.wait_mode.load(Ordering::Relaxed) {
         wait_mode::SPIN => "spin",
@@ -113,12 +114,13 @@ pub(crate) fn get(ctrl: &ServerControl) -> String {
         _ => "adaptive",
     };
     format!(
-        "batch={}\nbatch_mode={batch_mode}\nwait={wait}\nspin_us={}\nslo_us={}\ndepth_limit={}\nmax_connections={}\n",
+        "batch={}\nbatch_mode={batch_mode}\nwait={wait}\nspin_us={}\nslo_us={}\ndepth_limit={}\nmax_connections={}\ndepth_admitted={}\n",
         ctrl.batch_max.load(Ordering::Relaxed),
         ctrl.spin_ns.load(Ordering::Relaxed) / 1000,
         ctrl.slo_ns.load(Ordering::Relaxed) / 1000,
         ctrl.depth_limit.load(Ordering::Relaxed),
         ctrl.max_connections.load(Ordering::Relaxed),
+        crate::admission::admitted_depth(ctrl),
     )
 }
 
