@@ -32,17 +32,17 @@ pub(crate) const EVIDENCE: u32 = 128;
 /// Windows in a row with no late request before the depth is raised by one.
 pub(crate) const RAISE_AFTER: u32 = 2;
 
-/// The enqueue stamp a client writes into a request's `WireHeader::reserved[1]`: the low 32
-/// bits of CLOCK_MONOTONIC in microseconds, never 0 (0 means "no stamp").
-pub(crate) fn enqueue_stamp() -> u32 {
+/// The stamps' clock: the low 32 bits of CLOCK_MONOTONIC in microseconds, never 0 (0 means
+/// "no stamp"). Clients stamp entries with it; workers read it when an entry is done.
+pub(crate) fn now_us() -> u32 {
     ((netless_shm::monotonic_ns() / 1000) as u32).max(1)
 }
 
-/// The stamp for an entry a client enqueues now: [`enqueue_stamp`] when the server admits
-/// by depth (an SLO), else 0 (no clock read).
+/// The stamp for an entry a client enqueues now: [`now_us`] when the server admits by
+/// depth (an SLO), else 0 (no clock read).
 pub(crate) fn stamp_for(ctrl: &ServerControl) -> u32 {
     if ctrl.depth_limit.load(Ordering::Relaxed) != 0 {
-        enqueue_stamp()
+        now_us()
     } else {
         0
     }
@@ -84,17 +84,17 @@ pub(crate) struct Sojourns {
 }
 
 impl Sojourns {
-    /// Records a served queue entry of `requests` requests, enqueued at `stamp_us`
-    /// ([`enqueue_stamp`]) and done at `now_us`, against an SLO of `slo_us`, with `depth`
-    /// the depth clients may join now ([`admitted_depth`]). Returns the window's verdict
-    /// when this entry completes one.
+    /// Records a served queue entry of `requests` requests, stamped at `stamp_us` and done
+    /// at `now_us` ([`now_us`]), against an SLO of `slo_us`. Returns the window's verdict
+    /// when this entry completes one; `depth` (the depth clients may join now,
+    /// [`admitted_depth`]) is read only then.
     pub(crate) fn observe(
         &mut self,
         stamp_us: u32,
         now_us: u32,
         slo_us: u32,
         requests: u32,
-        depth: u32,
+        depth: impl FnOnce() -> u32,
     ) -> Option<Verdict> {
         // Wrapping difference: the stamp is the low 32 bits of the same clock. A stamp
         // "from the future" (clock skew between cores is none; a garbage stamp is possible)
@@ -116,7 +116,7 @@ impl Sojourns {
         let clean = if self.late == 0 { self.clean + 1 } else { 0 };
         let verdict = if self.seen >= EVIDENCE
             && u64::from(self.late) * 100 > u64::from(self.seen)
-            && self.late > depth
+            && self.late > depth()
         {
             Verdict::Lower
         } else if clean >= RAISE_AFTER {
@@ -136,8 +136,13 @@ impl Sojourns {
 /// Applies a verdict to the shared admitted depth, within 1..=`depth_limit`. Several workers
 /// may apply theirs at once: each is one CAS, retried a few times at most.
 pub(crate) fn apply(ctrl: &ServerControl, verdict: Verdict) {
+    let lower = match verdict {
+        Verdict::Lower => true,
+        Verdict::Raise => false,
+        Verdict::Keep => return,
+    };
     let limit = ctrl.depth_limit.load(Ordering::Relaxed);
-    if limit == 0 || verdict == Verdict::Keep {
+    if limit == 0 {
         return;
     }
     let admit: &AtomicU32 = &ctrl.depth_admit;
@@ -148,10 +153,10 @@ pub(crate) fn apply(ctrl: &ServerControl, verdict: Verdict) {
         } else {
             current
         };
-        let next = match verdict {
-            Verdict::Lower => from.saturating_sub(1).max(1),
-            Verdict::Raise => (from + 1).min(limit),
-            Verdict::Keep => from,
+        let next = if lower {
+            from.saturating_sub(1).max(1)
+        } else {
+            (from + 1).min(limit)
         };
         if next == current
             || admit
@@ -179,31 +184,38 @@ mod tests {
         for i in 0..n {
             *t += WINDOW_US / n;
             let sojourn = if i < late { 60 } else { 40 };
-            if let Some(v) = s.observe(*t - sojourn, *t, 50, 1, 2) {
+            if let Some(v) = s.observe(*t - sojourn, *t, 50, 1, || 2) {
                 return v;
             }
         }
         // The window ends with the first entry after it.
         *t += WINDOW_US;
-        s.observe(*t - 10, *t, 50, 1, 2).expect("a window ended")
+        s.observe(*t - 10, *t, 50, 1, || 2).expect("a window ended")
     }
 
     #[test]
     fn windows_are_judged_by_their_share_of_late_requests() {
         let (mut s, mut t) = (Sojourns::default(), 1_000_000u32);
-        s.observe(t, t, 50, 1, 2); // opens the first window
-        assert_eq!(window(&mut s, &mut t, 200, 2), Verdict::Keep); // 1%
-        assert_eq!(window(&mut s, &mut t, 200, 3), Verdict::Lower); // 1.5%, more than 2
-                                                                    // As many late as one stall of the worker explains: not the depth's fault.
-        assert_eq!(s.observe(t, t + WINDOW_US, 50, 1, 2), Some(Verdict::Keep));
+        // The first entry opens the first window.
+        s.observe(t, t, 50, 1, || 2);
+        // 1% late: not more than 1%.
+        assert_eq!(window(&mut s, &mut t, 200, 2), Verdict::Keep);
+        // 1.5%, and more than the depth (2).
+        assert_eq!(window(&mut s, &mut t, 200, 3), Verdict::Lower);
+        // As many late as one stall of the worker explains: not the depth's fault.
+        assert_eq!(
+            s.observe(t, t + WINDOW_US, 50, 1, || 2),
+            Some(Verdict::Keep)
+        );
         t += WINDOW_US;
         for i in 0..300 {
             let late = if i < 8 { 60 } else { 10 };
-            assert_eq!(s.observe(t - late, t, 50, 1, 8), None);
+            assert_eq!(s.observe(t - late, t, 50, 1, || 8), None);
         }
         t += WINDOW_US;
-        assert_eq!(s.observe(t, t, 50, 1, 8), Some(Verdict::Keep)); // 8 of 301, depth 8
-                                                                    // Too few requests to blame the queue: late ones never lower the depth.
+        // 8 late of 301, with a depth of 8.
+        assert_eq!(s.observe(t, t, 50, 1, || 8), Some(Verdict::Keep));
+        // Too few requests to blame the queue: late ones never lower the depth.
         assert_eq!(window(&mut s, &mut t, 20, 10), Verdict::Keep);
         for _ in 1..RAISE_AFTER {
             assert_eq!(window(&mut s, &mut t, 200, 0), Verdict::Keep);
@@ -221,10 +233,10 @@ mod tests {
     fn a_batch_counts_as_its_requests_and_the_clock_may_wrap() {
         let mut s = Sojourns::default();
         let t = u32::MAX - 10;
-        assert_eq!(s.observe(t - 31, t, 50, 100, 2), None);
+        assert_eq!(s.observe(t - 31, t, 50, 100, || 2), None);
         // 31 µs across the wrap: on time; then a late batch of 60 ends the window.
-        assert_eq!(s.observe(u32::MAX - 20, 10, 50, 50, 2), None);
-        assert_eq!(s.observe(0, 1_100, 50, 60, 2), Some(Verdict::Lower)); // 60 of 210 late
+        assert_eq!(s.observe(u32::MAX - 20, 10, 50, 50, || 2), None);
+        assert_eq!(s.observe(0, 1_100, 50, 60, || 2), Some(Verdict::Lower)); // 60 of 210 late
     }
 
     #[test]

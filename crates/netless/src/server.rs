@@ -1178,8 +1178,8 @@ impl ServerShared {
             if response.stamp != 0 {
                 let slo_us = (control.slo_ns.load(Ordering::Relaxed) / 1000) as u32;
                 if slo_us != 0 {
-                    let now = crate::admission::enqueue_stamp();
-                    let depth = crate::admission::admitted_depth(control);
+                    let now = crate::admission::now_us();
+                    let depth = || crate::admission::admitted_depth(control);
                     let batch = response.batch;
                     if let Some(v) = sojourns.observe(response.stamp, now, slo_us, batch, depth) {
                         crate::admission::apply(control, v);
