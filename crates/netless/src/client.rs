@@ -35,7 +35,7 @@ use crate::layout::{
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, QueueView, ReplicaSegment};
 use crate::spin_lock::SpinLock;
-use crate::status::{Code, Status};
+use crate::status::{Code, ReplyCode, Status};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Longest a waiter sleeps before re-checking for death or a deadline, whatever a peer did.
@@ -940,7 +940,7 @@ impl Shared {
     /// pipeline's open batch).
     pub(crate) fn check_depth(&self, queue: &QueueView, unpublished: u64) -> Result<(), Status> {
         let ctrl = self.replica.server_control();
-        let limit = crate::admission::admitted_depth(ctrl);
+        let limit = ctrl.depth_limit.load(Ordering::Relaxed);
         if limit == 0 {
             return Ok(());
         }
@@ -1413,7 +1413,7 @@ fn deadline_status() -> Status {
 pub(crate) fn parse_response(
     body: &[u8],
     max_message: usize,
-) -> Result<(ResponseHeader, Code, &[u8]), &'static str> {
+) -> Result<(ResponseHeader, ReplyCode, &[u8]), &'static str> {
     if body.len() < RESPONSE_HEADER_LEN {
         return Err("record shorter than a header");
     }
@@ -1423,34 +1423,25 @@ pub(crate) fn parse_response(
         return Err("not a response");
     }
     h.validate_shape(max_message, body.len() - RESPONSE_HEADER_LEN)?;
-    let code = Code::from_u16(h.status).ok_or("unknown status code")?;
+    let code = ReplyCode::from_wire(h.status).ok_or("unknown status code")?;
     let fragment = &body[RESPONSE_HEADER_LEN..RESPONSE_HEADER_LEN + h.frag_len as usize];
     Ok((h, code, fragment))
 }
 
-/// The status of a failed call from its response bytes (the message), copied out of the
-/// ring before it is decoded: the server can still write there.
-pub(crate) fn error_status(code: Code, message: &[u8]) -> Status {
-    Status::new(
-        code,
-        String::from_utf8_lossy(&Vec::from(message)).into_owned(),
-    )
-}
-
 fn decode_body(
     h: &ResponseHeader,
-    code: Code,
+    code: ReplyCode,
     body: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<Metadata, Status> {
     let md_end = h.metadata_len as usize;
     let metadata = Metadata::decode(&body[..md_end])?;
     let rest = &body[md_end..];
-    if code == Code::Ok {
+    if code.code == Code::Ok {
         netless_shm::copy::extend(out, rest);
         Ok(metadata)
     } else {
-        Err(error_status(code, rest))
+        Err(code.status(rest))
     }
 }
 

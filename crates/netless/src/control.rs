@@ -100,8 +100,7 @@ pub(crate) fn wait_policy(ctrl: &ServerControl) -> WaitPolicy {
     }
 }
 
-/// The registers as `key=value` lines, then the read-only `depth_admitted`: the depth clients
-/// may join now, as the workers adapted it from `depth_limit` (`crate::admission`).
+/// The registers as `key=value` lines.
 pub(crate) fn get(ctrl: &ServerControl) -> String {
     let wait = match ctrl.wait_mode.load(Ordering::Relaxed) {
         wait_mode::SPIN => "spin",
@@ -114,13 +113,12 @@ pub(crate) fn get(ctrl: &ServerControl) -> String {
         _ => "adaptive",
     };
     format!(
-        "batch={}\nbatch_mode={batch_mode}\nwait={wait}\nspin_us={}\nslo_us={}\ndepth_limit={}\nmax_connections={}\ndepth_admitted={}\n",
+        "batch={}\nbatch_mode={batch_mode}\nwait={wait}\nspin_us={}\nslo_us={}\ndepth_limit={}\nmax_connections={}\n",
         ctrl.batch_max.load(Ordering::Relaxed),
         ctrl.spin_ns.load(Ordering::Relaxed) / 1000,
         ctrl.slo_ns.load(Ordering::Relaxed) / 1000,
         ctrl.depth_limit.load(Ordering::Relaxed),
         ctrl.max_connections.load(Ordering::Relaxed),
-        crate::admission::admitted_depth(ctrl),
     )
 }
 
@@ -194,13 +192,10 @@ pub(crate) fn set(
             };
             ctrl.slo_ns.store(us * 1000, Ordering::Relaxed);
             ctrl.depth_limit.store(limit, Ordering::Relaxed);
-            // The workers adapt the admitted depth afresh from the new limit.
-            ctrl.depth_admit.store(0, Ordering::Relaxed);
         }
         "depth_limit" => {
             let n = number(u64::from(u32::MAX))? as u32;
             ctrl.depth_limit.store(n, Ordering::Relaxed);
-            ctrl.depth_admit.store(0, Ordering::Relaxed);
         }
         "max_connections" => {
             let n = number(u64::from(config.max_connections))? as u32;

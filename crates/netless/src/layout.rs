@@ -121,10 +121,6 @@ pub struct ServerControl {
     /// requests; 0 or 16: one). `depth_limit` counts requests and the queue counts entries,
     /// so a client scales the depth it sees by this before comparing.
     pub requests_per_entry_x16: AtomicU32,
-    /// The depth clients may join now (requests; 0: `depth_limit`): workers lower it from
-    /// `depth_limit` while the requests they serve finish past the SLO and raise it back
-    /// while none do (`crate::admission`). Clients use the smaller of the two.
-    pub depth_admit: AtomicU32,
 }
 const _: () = assert!(std::mem::size_of::<ServerControl>() == 64);
 
@@ -369,7 +365,8 @@ pub struct WireHeader {
     pub nblocks: u32,
     /// `[flags (wire_flags), enqueue stamp]`. The stamp, under an SLO only: the low 32 bits
     /// of CLOCK_MONOTONIC in µs when the client enqueued the request (0: none), from which
-    /// workers measure sojourns (`crate::admission`).
+    /// workers tell a request that waited too long to finish within the SLO
+    /// (`crate::admission`).
     pub reserved: [u32; 2],
 }
 /// Size of [`WireHeader`].

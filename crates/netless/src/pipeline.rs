@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use netless_ring::prefetch::prefetch_write_range;
 use netless_ring::EnqueueError;
 
-use crate::client::{error_status, parse_response, Client, Shared};
+use crate::client::{parse_response, Client, Shared};
 use crate::config::ClientConfig;
 use crate::layout::{
     align16, align64, batch_mode, compact_flags, kind, wire_flags, CompactHeader, CompactReply,
@@ -44,7 +44,7 @@ use crate::layout::{
     RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
-use crate::status::{Code, Status};
+use crate::status::{Code, ReplyCode, Status};
 use crate::sync::Ordering;
 
 /// Set in a slot whose call is in flight.
@@ -524,7 +524,7 @@ impl Pipeline {
             .replica
             .block_run(staged.start, used)
             .expect("a claimed run lies inside the buffer");
-        // Under an SLO the batch carries the time it is enqueued (workers measure sojourns).
+        // Under an SLO the batch carries the time it is enqueued (`crate::admission`).
         let stamp = crate::admission::stamp_for(shared.replica.server_control());
         // SAFETY: the run's first header is ours and unpublished; nblocks is set last.
         unsafe {
@@ -565,14 +565,14 @@ impl Pipeline {
 }
 
 /// A reply's outcome from its status code, metadata encoding and the rest of its body.
-fn outcome<'b>(code: Code, metadata: &[u8], rest: &'b [u8]) -> Result<&'b [u8], Status> {
+fn outcome<'b>(code: ReplyCode, metadata: &[u8], rest: &'b [u8]) -> Result<&'b [u8], Status> {
     if !metadata.is_empty() {
         Metadata::decode(metadata)?;
     }
-    if code == Code::Ok {
+    if code.code == Code::Ok {
         Ok(rest)
     } else {
-        Err(error_status(code, rest))
+        Err(code.status(rest))
     }
 }
 
@@ -589,7 +589,7 @@ fn is_reply_batch(record: &[u8]) -> bool {
 fn for_each_compact_reply(
     record: &[u8],
     max_message: usize,
-    mut each: impl FnMut(u64, Code, (&[u8], &[u8])) -> Result<(), &'static str>,
+    mut each: impl FnMut(u64, ReplyCode, (&[u8], &[u8])) -> Result<(), &'static str>,
 ) -> Result<usize, &'static str> {
     // SAFETY: the caller checked (is_reply_batch) that a whole header is there.
     let h = unsafe { ResponseHeader::read_from(record.as_ptr()) };
@@ -610,7 +610,7 @@ fn for_each_compact_reply(
         if body_len > len - body_at || md_len > body_len || body_len > max_message {
             return Err("a compact reply longer than its batch");
         }
-        let code = Code::from_u16(r.status).ok_or("unknown status code")?;
+        let code = ReplyCode::from_wire(r.status).ok_or("unknown status code")?;
         let body = &entries[body_at..body_at + body_len];
         each(r.call_id, code, body.split_at(md_len))?;
         count += 1;

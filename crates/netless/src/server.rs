@@ -35,7 +35,7 @@ use crate::layout::{
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
 use crate::spin_lock::SpinLock;
-use crate::status::{Code, Status};
+use crate::status::{Code, ReplyCode, Status};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::wake::WakeSource;
 
@@ -125,6 +125,10 @@ pub struct ServerStats {
     /// Requests clients refused to send (buffer full or queue deeper than the SLO allows),
     /// as counted by the clients in shared memory (a hint: clients write it).
     pub nacks: u64,
+    /// Requests the workers refused without running them: they had waited too long in the
+    /// queue to finish within the SLO (`crate::admission`). Also NACKs to the caller, and
+    /// counted in `errors` (`RESOURCE_EXHAUSTED`).
+    pub shed: u64,
     /// The queue-depth limit in force (0: none).
     pub depth_limit: u32,
     /// Mean handler time measured so far (with an SLO whose service time is not declared).
@@ -169,6 +173,8 @@ struct ServerShared {
     workers: Box<[WorkerSlot]>,
     dropped: AtomicU64,
     violations: AtomicU64,
+    /// See [`ServerStats::shed`].
+    shed: AtomicU64,
     connections: AtomicU32,
     #[cfg(feature = "fault-injection")]
     corrupt_responses: AtomicU32,
@@ -268,9 +274,13 @@ struct Scratch {
     method: String,
     /// Requests in the queue entry just served (a batch holds several).
     batch: u32,
-    /// That entry's enqueue stamp (`WireHeader::reserved[1]`; 0: none), for
-    /// [`crate::admission`].
-    stamp: u32,
+    /// How long it had waited when the worker started it, µs, if too long to finish within
+    /// the SLO: its requests are refused without running ([`crate::admission::waited_too_long`]).
+    shed: Option<u32>,
+    /// The SLO (µs) for which `shed_after_us` was computed (`u32::MAX`: compute it again).
+    shed_slo_us: u32,
+    /// [`crate::admission::shed_after_us`] for that SLO and the current mean service time.
+    shed_after_us: u32,
     /// While a compact batch is served: its replies, gathered into one ring record
     /// (`CompactReply` entries) that goes out when the batch ends.
     collecting: bool,
@@ -303,7 +313,7 @@ impl ReplyBatch {
         align16(self.bytes.len()) + entry <= conn.record_limit - RESPONSE_HEADER_LEN
     }
 
-    fn push(&mut self, call_id: u64, code: Code, metadata: &Metadata, payload: &[u8]) {
+    fn push(&mut self, call_id: u64, code: ReplyCode, metadata: &Metadata, payload: &[u8]) {
         let md_len = metadata.encoded_len();
         let at = align16(self.bytes.len());
         self.bytes.resize(at, 0);
@@ -311,7 +321,7 @@ impl ReplyBatch {
             call_id,
             body_len: (md_len + payload.len()) as u32,
             metadata_len: md_len as u16,
-            status: code as u16,
+            status: code.wire(),
         };
         self.bytes.extend_from_slice(header.as_bytes());
         metadata.encode_into(&mut self.bytes);
@@ -520,6 +530,7 @@ impl Server {
                 .collect(),
             dropped: AtomicU64::new(0),
             violations: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
             connections: AtomicU32::new(0),
             #[cfg(feature = "fault-injection")]
             corrupt_responses: AtomicU32::new(0),
@@ -603,6 +614,7 @@ impl Server {
                 .client_control()
                 .nacks
                 .load(Ordering::Relaxed),
+            shed: self.shared.shed.load(Ordering::Relaxed),
             depth_limit: self
                 .shared
                 .replica
@@ -1040,7 +1052,6 @@ impl ServerShared {
         let mut sleeps = 0u64;
         let mut served = 0u64;
         let mut per_entry = PerEntry::default();
-        let mut sojourns = crate::admission::Sojourns::default();
         let mut polls = 0u32;
         // The queue's doorbell, then the handler's own sources.
         let sources = self.handler.wake_sources(worker);
@@ -1171,21 +1182,12 @@ impl ServerShared {
             served += 1;
             let started = (measure || served.is_multiple_of(16)).then(Instant::now);
             response.batch = 1;
-            response.stamp = 0;
-            self.serve(block, me, &mut cache, &mut response);
-            // Under an SLO, entries carry the time they were enqueued: the sojourns steer the
-            // depth clients may join (one clock read per entry, and only then).
-            if response.stamp != 0 {
-                let slo_us = (control.slo_ns.load(Ordering::Relaxed) / 1000) as u32;
-                if slo_us != 0 {
-                    let now = crate::admission::now_us();
-                    let depth = || crate::admission::admitted_depth(control);
-                    let batch = response.batch;
-                    if let Some(v) = sojourns.observe(response.stamp, now, slo_us, batch, depth) {
-                        crate::admission::apply(control, v);
-                    }
-                }
+            if served.is_multiple_of(4096) {
+                // The measured service time moves: recompute the bound of a request's wait.
+                response.shed_slo_us = u32::MAX;
             }
+            let behind = || next.is_some() || queue.len_hint(head) > 0;
+            self.serve(block, me, &mut cache, &mut response, &behind);
             bump(&stats.batch[batch_bucket(response.batch)], 1);
             per_entry.observe(
                 response.batch,
@@ -1225,12 +1227,14 @@ impl ServerShared {
     }
 
     /// Validates and serves the request whose run starts at `block`.
+    /// `behind`: whether other entries wait behind this one (read only if it is late).
     fn serve(
         &self,
         block: u32,
         me: &WorkerSlot,
         cache: &mut [Option<Arc<Conn>>],
         response: &mut Scratch,
+        behind: &dyn Fn() -> bool,
     ) {
         let replica = &self.replica;
         let Some(first) = replica.block_run(block, 1) else {
@@ -1239,7 +1243,12 @@ impl ServerShared {
         };
         // SAFETY: `first` points at a whole block (>= 256 bytes) inside the mapping.
         let h = unsafe { WireHeader::read_from(first) };
-        response.stamp = h.reserved[1];
+        // Under an SLO, entries carry the time they were enqueued (`crate::admission`).
+        let stamp = h.reserved[1];
+        response.shed = None;
+        if stamp != 0 {
+            response.shed = self.waited_too_long(stamp, response).filter(|_| behind());
+        }
         let Some(conn) = self.lookup(h.conn_index, cache) else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -1258,6 +1267,23 @@ impl ServerShared {
                 self.service
             )));
         }
+    }
+
+    /// How long an entry stamped `stamp` waited, if too long to finish within the SLO (the
+    /// SLO less the mean service time, recomputed when either changes). The caller refuses
+    /// it only if others wait behind it: refusing the last one would gain no one anything
+    /// (and a worker woken from sleep by a lone request may well be late for it).
+    fn waited_too_long(&self, stamp: u32, response: &mut Scratch) -> Option<u32> {
+        let ctrl = self.replica.server_control();
+        let slo_us = (ctrl.slo_ns.load(Ordering::Relaxed) / 1000) as u32;
+        if slo_us != response.shed_slo_us {
+            let service = self.config.slo.and_then(|s| s.mean_service);
+            let service = service.or_else(|| self.measured_service());
+            response.shed_slo_us = slo_us;
+            response.shed_after_us = crate::admission::shed_after_us(slo_us, service);
+        }
+        let now = crate::admission::now_us();
+        crate::admission::waited_too_long(stamp, now, response.shed_after_us)
     }
 
     fn serve_conn(
@@ -1327,7 +1353,7 @@ impl ServerShared {
                         .respond(
                             conn,
                             h.call_id,
-                            Code::ResourceExhausted,
+                            Code::ResourceExhausted.into(),
                             &Metadata::new(),
                             format!(
                                 "more than {MAX_PARTIALS} large requests in progress on this connection: retry, or use more connections"
@@ -1537,6 +1563,14 @@ impl ServerShared {
             ))
         } else if let Some(op) = method.strip_prefix(crate::control::PREFIX) {
             self.control_call(op, payload, &mut builder)
+        } else if let Some(waited) = response.shed {
+            self.shed.fetch_add(1, Ordering::Relaxed);
+            Err(Status::nack(format!(
+                "service `{}` refused the request without running it: it waited {waited} µs \
+                 in the queue, too long to finish within the SLO of {} µs; retry later or on \
+                 another replica",
+                self.service, response.shed_slo_us
+            )))
         } else {
             // Take the response ring's next lines while the handler runs (a guess: a reply
             // about as long as the request).
@@ -1573,7 +1607,7 @@ impl ServerShared {
             Ok(()) => {
                 bump(&stats.bytes_out, builder.body().len() as u64);
                 let (metadata, body) = (&builder.metadata, builder.body());
-                self.reply(conn, h.call_id, Code::Ok, metadata, body, response)
+                self.reply(conn, h.call_id, Code::Ok.into(), metadata, body, response)
             }
             Err(status) => {
                 bump(&stats.errors, 1);
@@ -1581,7 +1615,7 @@ impl ServerShared {
                 self.reply(
                     conn,
                     h.call_id,
-                    status.code(),
+                    ReplyCode::of(&status),
                     &Metadata::new(),
                     message,
                     response,
@@ -1698,7 +1732,7 @@ impl ServerShared {
         &self,
         conn: &Arc<Conn>,
         call_id: u64,
-        code: Code,
+        code: ReplyCode,
         metadata: &Metadata,
         payload: &[u8],
         acc: &mut Scratch,
@@ -1802,7 +1836,7 @@ impl ServerShared {
         &self,
         conn: &Arc<Conn>,
         call_id: u64,
-        code: Code,
+        code: ReplyCode,
         metadata: &Metadata,
         payload: &[u8],
     ) -> Result<(), &'static str> {
@@ -1820,7 +1854,7 @@ impl ServerShared {
             return self.respond(
                 conn,
                 call_id,
-                Code::ResourceExhausted,
+                Code::ResourceExhausted.into(),
                 &Metadata::new(),
                 message.as_bytes(),
             );
@@ -1863,7 +1897,7 @@ impl ServerShared {
         let mut header = ResponseHeader {
             call_id,
             kind: kind::RESPONSE,
-            status: code as u16,
+            status: code.wire(),
             body_len: body_len as u32,
             metadata_len: md_len as u32,
             ..ResponseHeader::default()
@@ -1919,13 +1953,17 @@ impl DeferredReply {
     /// was sent) or broke the protocol while the reply was written (its connection is closed).
     pub fn send(mut self, metadata: &Metadata, payload: &[u8]) -> Result<(), Status> {
         self.sent = true;
-        self.write(Code::Ok, metadata, payload)
+        self.write(Code::Ok.into(), metadata, payload)
     }
 
     /// Fails the call with `status`.
     pub fn fail(mut self, status: &Status) -> Result<(), Status> {
         self.sent = true;
-        self.write(status.code(), &Metadata::new(), status.message().as_bytes())
+        self.write(
+            ReplyCode::of(status),
+            &Metadata::new(),
+            status.message().as_bytes(),
+        )
     }
 
     /// Whether the client's connection is gone (or the server is stopping): a reply would
@@ -1943,7 +1981,7 @@ impl DeferredReply {
         }
     }
 
-    fn write(&self, code: Code, metadata: &Metadata, payload: &[u8]) -> Result<(), Status> {
+    fn write(&self, code: ReplyCode, metadata: &Metadata, payload: &[u8]) -> Result<(), Status> {
         if self.is_closed() {
             return Err(Status::unavailable(
                 "the client's connection is closed; the reply was not sent",
@@ -1974,7 +2012,7 @@ impl DeferredReply {
 impl DeferredReply {
     /// Adds this reply to the thread's pending batch for its connection (sending that batch
     /// first if the reply would not fit it).
-    fn gather(&self, entry: usize, code: Code, metadata: &Metadata, payload: &[u8]) {
+    fn gather(&self, entry: usize, code: ReplyCode, metadata: &Metadata, payload: &[u8]) {
         PENDING.with_borrow_mut(|pending| {
             let at = match pending
                 .iter()
@@ -2032,7 +2070,7 @@ impl Drop for DeferredReply {
     fn drop(&mut self) {
         if !self.sent {
             let _ = self.write(
-                Code::Internal,
+                Code::Internal.into(),
                 &Metadata::new(),
                 b"the server dropped this call without replying",
             );

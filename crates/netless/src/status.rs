@@ -143,9 +143,11 @@ impl Status {
         }
     }
 
-    /// Whether this is a NACK: the server's receive buffer was full or its queue deeper than
-    /// its SLO allows, so the request was refused before any of it was sent and retrying it
-    /// (later, or on another replica) cannot run it twice. Always `RESOURCE_EXHAUSTED`.
+    /// Whether this is a NACK: the request was refused without running, so retrying it
+    /// (later, or on another replica) cannot run it twice. Always `RESOURCE_EXHAUSTED`. The
+    /// client refuses a call before sending any of it when the server's receive buffer is
+    /// full or its queue deeper than its SLO allows; a server under an SLO refuses a request
+    /// that waited so long in its queue that serving it would miss the SLO.
     pub fn is_nack(&self) -> bool {
         self.nack
     }
@@ -191,6 +193,59 @@ impl Status {
     }
 }
 
+/// A reply's status as the wire carries it (`ResponseHeader::status`,
+/// `CompactReply::status`): the gRPC code, and whether the server refused the call without
+/// running it (a NACK, [`Status::is_nack`]), in bit 15.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReplyCode {
+    pub code: Code,
+    pub not_run: bool,
+}
+
+impl ReplyCode {
+    const NOT_RUN: u16 = 1 << 15;
+
+    /// The reply code of a call that failed with `status`.
+    pub fn of(status: &Status) -> ReplyCode {
+        ReplyCode {
+            code: status.code,
+            not_run: status.nack,
+        }
+    }
+
+    /// The wire's `u16`.
+    pub fn wire(self) -> u16 {
+        self.code as u16 | if self.not_run { Self::NOT_RUN } else { 0 }
+    }
+
+    /// Decodes a wire `u16` (written by the peer: `None` for an unknown code, or a NOT_RUN
+    /// bit on anything but `RESOURCE_EXHAUSTED`).
+    pub fn from_wire(wire: u16) -> Option<ReplyCode> {
+        let code = Code::from_u16(wire & !Self::NOT_RUN)?;
+        let not_run = wire & Self::NOT_RUN != 0;
+        (!not_run || code == Code::ResourceExhausted).then_some(ReplyCode { code, not_run })
+    }
+
+    /// The status of a failed call from its message bytes, copied out of the ring before
+    /// they are decoded (the server can still write there).
+    pub fn status(self, message: &[u8]) -> Status {
+        Status {
+            code: self.code,
+            message: String::from_utf8_lossy(&Vec::from(message)).into_owned(),
+            nack: self.not_run,
+        }
+    }
+}
+
+impl From<Code> for ReplyCode {
+    fn from(code: Code) -> ReplyCode {
+        ReplyCode {
+            code,
+            not_run: false,
+        }
+    }
+}
+
 /// The gRPC status for a page-pool failure.
 pub(crate) fn from_pool(e: netless_pool::PoolError) -> Status {
     use netless_pool::PoolError as E;
@@ -231,5 +286,22 @@ mod tests {
             assert_eq!(Code::from_u16(code as u16), Some(code));
         }
         assert_eq!(Code::from_u16(17), None);
+    }
+
+    #[test]
+    fn reply_codes_round_trip_and_reject_a_stray_not_run_bit() {
+        for code in Code::ALL {
+            let plain = ReplyCode::from(code);
+            assert_eq!(ReplyCode::from_wire(plain.wire()), Some(plain));
+        }
+        let nack = ReplyCode::of(&Status::nack("queued past the SLO"));
+        assert_eq!(nack.wire(), 0x8000 | Code::ResourceExhausted as u16);
+        assert_eq!(ReplyCode::from_wire(nack.wire()), Some(nack));
+        let status = nack.status(b"queued past the SLO");
+        assert!(status.is_nack());
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        // Only a refusal may say it did not run.
+        assert_eq!(ReplyCode::from_wire(0x8000 | Code::Internal as u16), None);
+        assert_eq!(ReplyCode::from_wire(0x8000 | 17), None);
     }
 }

@@ -102,7 +102,8 @@ fn overload_child_entry() {
                         let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t * 0x1234_5678_9abc + 1);
                         let mut next = start;
                         let end = start + Duration::from_secs_f64(secs);
-                        let (mut ok, mut nack, mut other) = (Vec::new(), Vec::new(), 0u64);
+                        let (mut ok, mut nack, mut shed) = (Vec::new(), Vec::new(), Vec::new());
+                        let mut other = 0u64;
                         loop {
                             rng ^= rng << 13;
                             rng ^= rng >> 7;
@@ -122,6 +123,10 @@ fn overload_child_entry() {
                             let us = t0.elapsed().as_micros() as u64;
                             match r {
                                 Ok(_) => ok.push(us),
+                                // Refused by the worker: it had queued too long (a stall).
+                                Err(s) if s.message().contains("without running it") => {
+                                    shed.push(us)
+                                }
                                 Err(s) if s.code() == Code::ResourceExhausted => nack.push(us),
                                 Err(s) => {
                                     eprintln!("unexpected: {s}");
@@ -129,23 +134,26 @@ fn overload_child_entry() {
                                 }
                             }
                         }
-                        (ok, nack, other)
+                        (ok, nack, shed, other)
                     })
                 })
                 .collect();
-            let (mut ok, mut nack, mut other) = (Vec::new(), Vec::new(), 0);
+            let (mut ok, mut nack, mut shed, mut other) = (Vec::new(), Vec::new(), Vec::new(), 0);
             for t in threads {
-                let (o, n, x) = t.join().unwrap();
+                let (o, n, s, x) = t.join().unwrap();
                 ok.extend(o);
                 nack.extend(n);
+                shed.extend(s);
                 other += x;
             }
             println!(
-                "RESULT ok={} ok_p99_us={} nack={} nack_p99_us={} other={other}",
+                "RESULT ok={} ok_p99_us={} nack={} nack_p99_us={} shed={} shed_max_us={} other={other}",
                 ok.len(),
                 p99(&mut ok),
                 nack.len(),
                 p99(&mut nack),
+                shed.len(),
+                shed.iter().copied().max().unwrap_or(0),
             );
             std::io::stdout().flush().unwrap();
         }
@@ -210,7 +218,11 @@ fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
         line = line.trim_start_matches(|c: char| c != 'R').to_string();
     }
     assert!(child.wait().unwrap().success());
-    let (ok, nack) = (field(&line, "ok"), field(&line, "nack"));
+    let (ok, nack, shed) = (
+        field(&line, "ok"),
+        field(&line, "nack"),
+        field(&line, "shed"),
+    );
     let seen = std::mem::take(&mut *SEEN.lock().unwrap());
     let (mut ahead, mut service_us) = (seen.ahead, seen.service_us);
     let served = service_us.len() as u64;
@@ -233,7 +245,7 @@ fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
     );
     // At twice the capacity about half must be refused.
     assert!(
-        nack * 4 >= (ok + nack),
+        (nack + shed) * 4 >= (ok + nack + shed),
         "too few NACKs under 2× overload: {summary}"
     );
     // The admission bound: an accepted request queued behind at most `depth_limit` others
@@ -254,6 +266,13 @@ fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
         ok_p99 <= bound,
         "accepted p99 {ok_p99:?} > {bound:?}: {summary}"
     );
+    // A call refused by the worker (if the host slowed the service enough to make one late)
+    // failed when the worker reached it, within the same bound.
+    let shed_max = Duration::from_micros(field(&line, "shed_max_us"));
+    assert!(
+        shed_max <= bound,
+        "refused by the worker after {shed_max:?}: {summary}"
+    );
     // A refused call that had queued would have waited out at least the requests ahead of it.
     let nack_p99 = Duration::from_micros(field(&line, "nack_p99_us"));
     let fail_fast = (TARGET / 4).max(service_p99 * 2);
@@ -273,4 +292,5 @@ fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
     assert_eq!(after.receive_buffer_bytes, sized);
     assert_eq!(after.free_blocks, after.total_blocks, "{after:?}");
     assert!(after.nacks >= nack, "{after:?} vs {nack}");
+    assert_eq!(after.shed, shed, "{after:?}");
 }

@@ -133,11 +133,7 @@ fn table(registers: &str) -> String {
         let about = control::REGISTERS
             .iter()
             .find(|(k, _)| k == key)
-            .map_or(if key == "depth_admitted" {
-                "read-only: the depth clients may join now (workers lower it from depth_limit while requests finish past the SLO)"
-            } else {
-                ""
-            }, |(_, about)| about);
+            .map_or("", |(_, about)| about);
         let line = format!("{setting:<width$}  {about}");
         out.push_str(line.trim_end());
         out.push('\n');

@@ -139,8 +139,16 @@ pub struct Window {
     /// Calls NACKed by the server (buffer full or queue deeper than the SLO allows).
     pub nacks: u64,
     /// Of those, the NACKs for a queue deeper than the SLO allows (the rest found no room in
-    /// the receive buffer or queue).
+    /// the receive buffer or queue, or waited too long).
     pub nacks_depth: u64,
+    /// Of those, the NACKs from a worker for a request that had waited in the queue too
+    /// long to finish within the SLO (refused without running; the rest were refused by
+    /// the client before sending).
+    #[serde(default)]
+    pub nacks_late: u64,
+    /// Time from the scheduled send to the NACK, client-side: how fast refused calls fail.
+    #[serde(default)]
+    pub nack_latency: Latency,
     /// Calls refused by the client: their connection had `max_in_flight` calls outstanding.
     pub local_rejects: u64,
     /// Calls that failed otherwise (connection lost, handler error, no reply in time).
@@ -156,6 +164,8 @@ pub struct Window {
 /// A window's outcomes as they come.
 struct Acc {
     latency: Histogram<u64>,
+    nack_latency: Histogram<u64>,
+    nacks_late: u64,
     sent: u64,
     accepted: u64,
     nacks: u64,
@@ -170,6 +180,8 @@ impl Acc {
     fn new() -> Acc {
         Acc {
             latency: new_histogram(),
+            nack_latency: new_histogram(),
+            nacks_late: 0,
             sent: 0,
             accepted: 0,
             nacks: 0,
@@ -194,15 +206,19 @@ impl Acc {
                 };
                 self.wrong += u64::from(!ok);
             }
-            Err(s) => self.fail(&s),
+            Err(s) => self.fail(&s, took_ns),
         }
     }
 
-    fn fail(&mut self, s: &Status) {
+    /// Counts a failed call, `took_ns` after its scheduled send.
+    fn fail(&mut self, s: &Status, took_ns: u64) {
         if s.is_nack() {
             self.nacks += 1;
-            // The runtime says why only in words: "… has N requests queued, more than …".
+            self.nack_latency.saturating_record(took_ns.max(1));
+            // The runtime says why only in words: "… has N requests queued, more than …", or
+            // "… refused the request without running it: it waited …".
             self.nacks_depth += u64::from(s.message().contains("requests queued"));
+            self.nacks_late += u64::from(s.message().contains("without running it"));
         } else if s.code() == netless::Code::ResourceExhausted {
             self.local_rejects += 1;
         } else {
@@ -318,7 +334,10 @@ impl Generator {
                     self.active.push(conn);
                 }
             }
-            Err(s) if measured => acc.fail(&s),
+            Err(s) if measured => {
+                let took = netless_shm::monotonic_ns().saturating_sub(due_ns);
+                acc.fail(&s, took)
+            }
             Err(_) => {}
         }
     }
@@ -350,7 +369,7 @@ impl Generator {
                 Err(s) => {
                     // The connection is gone with its calls: count them, stop polling it.
                     for _ in 0..self.pipes[conn].in_flight() {
-                        acc.fail(&s);
+                        acc.fail(&s, 0);
                     }
                 }
             }
@@ -447,6 +466,8 @@ impl Generator {
             accepted: acc.accepted,
             nacks: acc.nacks,
             nacks_depth: acc.nacks_depth,
+            nacks_late: acc.nacks_late,
+            nack_latency: Latency::of(&acc.nack_latency),
             local_rejects: acc.local_rejects,
             errors: acc.errors,
             wrong: acc.wrong,

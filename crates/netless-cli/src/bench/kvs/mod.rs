@@ -527,6 +527,11 @@ pub struct Summary {
     /// accepted calls, client p99.
     pub overload_x_capacity: f64,
     pub overload_nack_rate: f64,
+    /// Of the NACKs at overload, the share a worker sent for a request that had waited too
+    /// long (the rest: refused by the client before sending).
+    pub overload_nack_late_share: f64,
+    /// Client-side p99 time from a NACKed call's scheduled send to its NACK, µs.
+    pub overload_nack_p99_us: f64,
     pub overload_p99_us: f64,
     pub overload_client_p99_us: f64,
     /// Calls that failed other than by NACK or local refusal, and wrong replies, over the
@@ -552,6 +557,12 @@ impl Summary {
                 .fold(0.0, f64::max),
             overload_x_capacity: top.offered_x_capacity,
             overload_nack_rate: top.nack_rate,
+            overload_nack_late_share: if top.client.nacks > 0 {
+                top.client.nacks_late as f64 / top.client.nacks as f64
+            } else {
+                0.0
+            },
+            overload_nack_p99_us: top.client.nack_latency.p99_us,
             overload_p99_us: top.server.p99_us,
             overload_client_p99_us: top.client.latency.p99_us,
             errors: rows.iter().map(|r| r.client.errors).sum(),

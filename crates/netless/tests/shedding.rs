@@ -1,0 +1,142 @@
+//! Under an SLO, a worker refuses without running the requests that waited in its queue too
+//! long to finish within the SLO (a stall of the worker made them late), as long as others
+//! wait behind them; across real processes: the server runs in the test process (so the test
+//! counts what its handler ran), the calls come from a spawned client process.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use netless::{CallOptions, Client, Code, Request, ResponseBuilder, Server, ServerConfig, Slo};
+
+/// How long the first call holds the only worker.
+const STALL: Duration = Duration::from_millis(300);
+/// Calls queued behind it.
+const QUEUED: usize = 10;
+
+/// `Work` calls the handler ran.
+static WORKED: AtomicU64 = AtomicU64::new(0);
+
+fn handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), netless::Status> {
+    match req.method {
+        "Stall" => thread::sleep(STALL),
+        _ => {
+            WORKED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    resp.payload.extend_from_slice(req.payload);
+    Ok(())
+}
+
+/// Entry point of spawned peers (run only by them, via `--ignored`).
+#[test]
+#[ignore = "entry point of the peer processes the other tests spawn"]
+fn shedding_child_entry() {
+    let Some((role, dir, service)) = role() else {
+        return;
+    };
+    if role != "burst" {
+        return;
+    }
+    let client = Client::connect_with(&service, client_config(&dir)).unwrap();
+    println!("READY");
+    std::io::stdout().flush().unwrap();
+    // One call holds the worker; the others queue behind it meanwhile, each from its own
+    // thread (blocking calls, so that each is a queue entry of its own).
+    let stall = {
+        let client = client.clone();
+        thread::spawn(move || client.call("Stall", b"s", &CallOptions::new()))
+    };
+    thread::sleep(Duration::from_millis(30));
+    let queued: Vec<_> = (0..QUEUED)
+        .map(|_| {
+            let client = client.clone();
+            thread::spawn(move || {
+                let t0 = Instant::now();
+                let r = client.call("Work", b"w", &CallOptions::new());
+                (r, t0.elapsed())
+            })
+        })
+        .collect();
+    assert!(stall.join().unwrap().is_ok());
+    let (mut ok, mut shed, mut other, mut slowest_refusal) = (0, 0, 0, Duration::ZERO);
+    for t in queued {
+        match t.join().unwrap() {
+            (Ok(_), _) => ok += 1,
+            (Err(s), took)
+                if s.code() == Code::ResourceExhausted
+                    && s.is_nack()
+                    && s.message().contains("without running it")
+                    && s.message().contains("SLO") =>
+            {
+                shed += 1;
+                slowest_refusal = slowest_refusal.max(took);
+            }
+            (Err(s), _) => {
+                eprintln!("unexpected: {s}");
+                other += 1;
+            }
+        }
+    }
+    // Afterwards, with nothing queued, calls are served again.
+    let after = client.call("Work", b"a", &CallOptions::new()).is_ok();
+    println!(
+        "RESULT ok={ok} shed={shed} other={other} slowest_refusal_ms={} after_ok={}",
+        slowest_refusal.as_millis(),
+        u8::from(after)
+    );
+    std::io::stdout().flush().unwrap();
+}
+
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn requests_that_waited_past_the_slo_are_refused_without_running() {
+    let dir = TestDir::new("shed");
+    // 50 ms objective, 1 ms declared service: the depth limit (48) admits all the calls,
+    // and a request that waited more than 48 ms when the worker reaches it would be late.
+    let slo = Slo::new(Duration::from_millis(50)).mean_service(Duration::from_millis(1));
+    let config = ServerConfig {
+        workers: 1,
+        slo: Some(slo),
+        ..server_config(dir.path())
+    };
+    let server = Server::bind("t.Shed", config, handler).unwrap();
+    assert!(server.stats().depth_limit as usize > QUEUED);
+    let mut child = spawn_role("shedding_child_entry", "burst", dir.path(), "t.Shed");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    wait_for_line(&mut out, "READY");
+    let mut line = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !line.starts_with("RESULT") {
+        assert!(Instant::now() < deadline, "client hung");
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "client died");
+        line = line.trim_start_matches(|c: char| c != 'R').to_string();
+    }
+    assert!(child.wait().unwrap().success());
+    let stats = server.stats();
+    let summary = format!("{} | {stats:?}", line.trim());
+    eprintln!("{summary}");
+    // Every queued call but the last was refused (the last had no one behind it: refusing
+    // it would help no one, so it ran, late); the handler ran only what was answered.
+    assert_eq!(field(&line, "other"), 0, "{summary}");
+    assert_eq!(field(&line, "shed"), QUEUED as u64 - 1, "{summary}");
+    assert_eq!(field(&line, "ok"), 1, "{summary}");
+    assert_eq!(field(&line, "after_ok"), 1, "{summary}");
+    assert_eq!(WORKED.load(Ordering::Relaxed), 2, "{summary}");
+    assert_eq!(stats.shed, QUEUED as u64 - 1, "{summary}");
+    // The refused calls failed as soon as the worker reached them, not after being run.
+    let slowest = Duration::from_millis(field(&line, "slowest_refusal_ms"));
+    assert!(slowest < STALL + Duration::from_secs(5), "{summary}");
+}
