@@ -33,7 +33,7 @@ use crate::layout::{
     kind, provisioning, wire_flags, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
-use crate::segments::{ConnSegment, QueueView, ReplicaSegment};
+use crate::segments::{ConnSegment, ReplicaSegment};
 use crate::spin_lock::SpinLock;
 use crate::status::{Code, ReplyCode, Status};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -867,7 +867,7 @@ impl Shared {
         }
         let queue = self.replica.queue_for(self.conn_index);
         if first {
-            self.check_depth(queue, 0)?;
+            self.check_depth(0)?;
             header.reserved[1] = crate::admission::stamp_for(self.replica.server_control());
         }
         let mut spins = 0u32;
@@ -938,12 +938,13 @@ impl Shared {
     /// server's SLO allows (NEBULA's NACK: such a request would miss its SLO anyway).
     /// `unpublished`: requests of ours that will enter the queue ahead of this one (a
     /// pipeline's open batch).
-    pub(crate) fn check_depth(&self, queue: &QueueView, unpublished: u64) -> Result<(), Status> {
+    pub(crate) fn check_depth(&self, unpublished: u64) -> Result<(), Status> {
         let ctrl = self.replica.server_control();
         let limit = ctrl.depth_limit.load(Ordering::Relaxed);
         if limit == 0 {
             return Ok(());
         }
+        let queue = self.replica.queue_for(self.conn_index);
         // The queue holds entries, the limit counts requests: scale by the requests per
         // entry the server has seen lately (batches hold several).
         let per_entry = u64::from(

@@ -180,9 +180,7 @@ impl Pipeline {
         if let Some(staged) = self.staged.as_ref().filter(|s| s.count > 0) {
             // Under an SLO every request is admitted on its own: one joining an open batch
             // will queue behind that batch's requests as well as those already queued.
-            let shared = self.client.shared();
-            let queue = shared.replica.queue_for(shared.conn_index);
-            if let Err(nack) = shared.check_depth(queue, u64::from(staged.count)) {
+            if let Err(nack) = self.client.shared().check_depth(u64::from(staged.count)) {
                 self.free.push(index);
                 return Err(nack);
             }
@@ -468,7 +466,7 @@ impl Pipeline {
         batch_max: u32,
     ) -> Result<(), Status> {
         let shared = self.client.shared();
-        shared.check_depth(shared.replica.queue_for(shared.conn_index), 0)?;
+        shared.check_depth(0)?;
         let block = shared.replica.block_size();
         let one = first_need.div_ceil(block) as u32;
         let want = (first_need + compact_need * (batch_max as usize - 1))

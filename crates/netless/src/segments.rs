@@ -332,6 +332,10 @@ impl ReplicaSegment {
     }
     /// The queue a connection's requests go to.
     pub(crate) fn queue_for(&self, conn_index: u32) -> &QueueView {
+        // One queue unless dispatch is partitioned: no division on the hot path then.
+        if self.queues.len() == 1 {
+            return &self.queues[0];
+        }
         &self.queues[conn_index as usize % self.queues.len()]
     }
     pub(crate) fn server_control(&self) -> &ServerControl {
