@@ -494,7 +494,11 @@ impl Pipeline {
         // the next batch will most likely claim (from the head on; the server freed them a
         // lap ago): their transfers overlap with filling this batch instead of stalling the
         // enqueue and the next claim's CASes one line at a time.
-        shared.replica.queue_for(shared.conn_index).queue.prefetch_next_cell();
+        shared
+            .replica
+            .queue_for(shared.conn_index)
+            .queue
+            .prefetch_next_cell();
         if let Some(head) = head {
             let at = head.load(Ordering::Relaxed) as usize;
             if let Some(words) = table.get(at..at + blocks as usize) {
