@@ -490,21 +490,6 @@ impl Pipeline {
         if let Some(run) = shared.replica.block_run(start, blocks) {
             prefetch_write_range(run, blocks as usize * block, 64);
         }
-        // Likewise the queue cell this batch's enqueue will fill, and the block-table words
-        // the next batch will most likely claim (from the head on; the server freed them a
-        // lap ago): their transfers overlap with filling this batch instead of stalling the
-        // enqueue and the next claim's CASes one line at a time.
-        shared
-            .replica
-            .queue_for(shared.conn_index)
-            .queue
-            .prefetch_next_cell();
-        if let Some(head) = head {
-            let at = head.load(Ordering::Relaxed) as usize;
-            if let Some(words) = table.get(at..at + blocks as usize) {
-                prefetch_write_range(words.as_ptr().cast(), std::mem::size_of_val(words), 64);
-            }
-        }
         self.staged = Some(Staged {
             start,
             blocks,
