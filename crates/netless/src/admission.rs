@@ -13,7 +13,8 @@
 //! others wait behind it (refusing it lets them start sooner; a lone request is served,
 //! however late, since refusing it helps no one), it is answered at once with a
 //! `RESOURCE_EXHAUSTED` NACK ([`crate::Status::is_nack`]: it did not run, so the client may
-//! retry it anywhere). A refused request fails within the SLO of being sent, never later.
+//! retry it anywhere). A refused request fails as soon as a worker reaches it, without
+//! running; how long that takes is how long the stall lasted (never queued without bound).
 //!
 //! Stop 13 built a controller instead that lowered the admitted depth while served requests
 //! finished late; measured with `bench kvs` it refused calls at moderate load after single

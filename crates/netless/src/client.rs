@@ -409,26 +409,45 @@ impl Client {
         options: &CallOptions,
         out: &mut Vec<u8>,
     ) -> Result<Metadata, Status> {
-        out.clear();
         let shared = &self.handle.shared;
         let deadline = shared.deadline_for(options);
         let mut retry = 0;
-        let (index, call_id) = loop {
-            match shared.submit(method, options.request_metadata(), payload, deadline, false) {
-                Ok(sent) => break sent,
-                Err(s) if s.is_nack() && retry < shared.config.retry.attempts() => {
-                    let seed = shared.token ^ netless_shm::monotonic_ns();
-                    let pause = shared.config.retry.backoff(retry, seed);
-                    if pause.is_zero() || deadline.is_some_and(|d| Instant::now() + pause >= d) {
-                        return Err(s);
+        // A NACK, from this client before sending or from a worker that found the request
+        // queued too long to meet the SLO, means the call did not run: the policy may retry it.
+        let backoff = |retry: u32, nack: Status| -> Result<(), Status> {
+            if retry >= shared.config.retry.attempts() {
+                return Err(nack);
+            }
+            let seed = shared.token ^ netless_shm::monotonic_ns();
+            let pause = shared.config.retry.backoff(retry, seed);
+            if pause.is_zero() || deadline.is_some_and(|d| Instant::now() + pause >= d) {
+                return Err(nack);
+            }
+            thread::sleep(pause);
+            Ok(())
+        };
+        let result = loop {
+            out.clear();
+            let (index, call_id) =
+                match shared.submit(method, options.request_metadata(), payload, deadline, false) {
+                    Ok(sent) => sent,
+                    Err(s) if s.is_nack() => {
+                        backoff(retry, s)?;
+                        retry += 1;
+                        continue;
                     }
-                    thread::sleep(pause);
+                    Err(s) => return Err(s),
+                };
+            match shared.wait_blocking(index, call_id, deadline, out) {
+                Err(s) if s.is_nack() => {
+                    if let Err(s) = backoff(retry, s) {
+                        break Err(s);
+                    }
                     retry += 1;
                 }
-                Err(s) => return Err(s),
+                result => break result,
             }
         };
-        let result = shared.wait_blocking(index, call_id, deadline, out);
         if let Some(pool) = shared
             .pool
             .as_ref()
@@ -868,8 +887,10 @@ impl Shared {
         let queue = self.replica.queue_for(self.conn_index);
         if first {
             self.check_depth(0)?;
-            header.reserved[1] = crate::admission::stamp_for(self.replica.server_control());
         }
+        // Every fragment carries the time it is enqueued: a worker judges the wait of the one
+        // that completes the request, not the time the sender spent on the whole body.
+        header.reserved[1] = crate::admission::stamp_for(self.replica.server_control());
         let mut spins = 0u32;
         loop {
             if self.dead.load(Ordering::Acquire) {

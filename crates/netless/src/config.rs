@@ -302,7 +302,8 @@ impl ServerConfig {
     }
 }
 
-/// What a client does when a call is NACKed (refused before it was sent: see
+/// What a client does when a call is NACKed (refused without running: before it was sent,
+/// or by a worker that found it queued too long for the SLO; see
 /// [`Status::is_nack`](crate::Status::is_nack)). Other failures are never retried, since the
 /// server may have run the call. Applies to blocking calls ([`Client::call`](crate::Client::call),
 /// [`Replicas::call`](crate::Replicas::call)); an async call returns the NACK at once, for the

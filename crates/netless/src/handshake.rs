@@ -17,8 +17,10 @@ const WELCOME: u8 = 2;
 const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
 const GREETING: u8 = 5;
-/// Protocol version carried in `Hello` and `Welcome`.
-pub(crate) const PROTOCOL_VERSION: u32 = 4;
+/// Protocol version carried in `Hello` and `Welcome`. 5: a reply's status may carry
+/// NOT_RUN (bit 15, `status::ReplyCode`), which protocol 4 clients would take for an
+/// unknown code.
+pub(crate) const PROTOCOL_VERSION: u32 = 5;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

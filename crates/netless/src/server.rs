@@ -277,8 +277,8 @@ struct Scratch {
     /// How long it had waited when the worker started it, µs, if too long to finish within
     /// the SLO: its requests are refused without running ([`crate::admission::waited_too_long`]).
     shed: Option<u32>,
-    /// The SLO (µs) for which `shed_after_us` was computed (`u32::MAX`: compute it again).
-    shed_slo_us: u32,
+    /// The SLO (µs) for which `shed_after_us` was computed (`None`: compute it again).
+    shed_slo_us: Option<u32>,
     /// [`crate::admission::shed_after_us`] for that SLO and the current mean service time.
     shed_after_us: u32,
     /// While a compact batch is served: its replies, gathered into one ring record
@@ -1182,9 +1182,9 @@ impl ServerShared {
             served += 1;
             let started = (measure || served.is_multiple_of(16)).then(Instant::now);
             response.batch = 1;
-            if served.is_multiple_of(4096) {
+            if served.is_multiple_of(1024) {
                 // The measured service time moves: recompute the bound of a request's wait.
-                response.shed_slo_us = u32::MAX;
+                response.shed_slo_us = None;
             }
             let behind = || next.is_some() || queue.len_hint(head) > 0;
             self.serve(block, me, &mut cache, &mut response, &behind);
@@ -1196,8 +1196,9 @@ impl ServerShared {
             if let Some(t) = started {
                 let ns = t.elapsed().as_nanos() as u64;
                 bump(&stats.latency[latency_bucket(ns)], 1);
-                if measure {
-                    // Per request: an entry may be a batch of several.
+                if measure && response.shed.is_none() {
+                    // Per request: an entry may be a batch of several. (Refused entries,
+                    // which ran nothing, would make the service look faster than it is.)
                     bump(&me.busy_ns, ns);
                     bump(&me.measured, u64::from(response.batch.max(1)));
                 }
@@ -1270,16 +1271,21 @@ impl ServerShared {
     }
 
     /// How long an entry stamped `stamp` waited, if too long to finish within the SLO (the
-    /// SLO less the mean service time, recomputed when either changes). The caller refuses
+    /// SLO less twice the mean service time: recomputed when the SLO changes, and every
+    /// 1024 entries as the measured service time moves). The caller refuses
     /// it only if others wait behind it: refusing the last one would gain no one anything
     /// (and a worker woken from sleep by a lone request may well be late for it).
     fn waited_too_long(&self, stamp: u32, response: &mut Scratch) -> Option<u32> {
         let ctrl = self.replica.server_control();
         let slo_us = (ctrl.slo_ns.load(Ordering::Relaxed) / 1000) as u32;
-        if slo_us != response.shed_slo_us {
-            let service = self.config.slo.and_then(|s| s.mean_service);
-            let service = service.or_else(|| self.measured_service());
-            response.shed_slo_us = slo_us;
+        if response.shed_slo_us != Some(slo_us) {
+            // Declared, measured, or (an SLO set with `netless ctl`) estimated from the stats.
+            let service = if slo_us == 0 {
+                None
+            } else {
+                self.service_time()
+            };
+            response.shed_slo_us = Some(slo_us);
             response.shed_after_us = crate::admission::shed_after_us(slo_us, service);
         }
         let now = crate::admission::now_us();
@@ -1537,7 +1543,12 @@ impl ServerShared {
         let copied;
         let mut payload = &body[md_end..];
         let mut pool_error = None;
-        if h.reserved[0] & wire_flags::PAYLOAD_REF != 0 {
+        // A request about to be refused for its wait maps nothing (control calls, never
+        // refused, carry no Ref).
+        let refused = response
+            .shed
+            .filter(|_| !method.starts_with(crate::control::PREFIX));
+        if h.reserved[0] & wire_flags::PAYLOAD_REF != 0 && refused.is_none() {
             match self.map_payload(conn, payload) {
                 Ok(buf) => {
                     mapped = buf;
@@ -1563,13 +1574,14 @@ impl ServerShared {
             ))
         } else if let Some(op) = method.strip_prefix(crate::control::PREFIX) {
             self.control_call(op, payload, &mut builder)
-        } else if let Some(waited) = response.shed {
+        } else if let Some(waited) = refused {
             self.shed.fetch_add(1, Ordering::Relaxed);
             Err(Status::nack(format!(
                 "service `{}` refused the request without running it: it waited {waited} µs \
                  in the queue, too long to finish within the SLO of {} µs; retry later or on \
                  another replica",
-                self.service, response.shed_slo_us
+                self.service,
+                response.shed_slo_us.unwrap_or(0)
             )))
         } else {
             // Take the response ring's next lines while the handler runs (a guess: a reply
@@ -1612,14 +1624,14 @@ impl ServerShared {
             Err(status) => {
                 bump(&stats.errors, 1);
                 let message = status.message().as_bytes();
-                self.reply(
-                    conn,
-                    h.call_id,
-                    ReplyCode::of(&status),
-                    &Metadata::new(),
-                    message,
-                    response,
-                )
+                // Only a refusal says "not run": a handler's error (even a NACK it got from
+                // a call of its own) comes from a call that ran.
+                let code = if refused.is_some() {
+                    ReplyCode::of(&status)
+                } else {
+                    status.code().into()
+                };
+                self.reply(conn, h.call_id, code, &Metadata::new(), message, response)
             }
         };
         // The blocks go back to the client only now: a reply may borrow them, and the store
@@ -1959,8 +1971,9 @@ impl DeferredReply {
     /// Fails the call with `status`.
     pub fn fail(mut self, status: &Status) -> Result<(), Status> {
         self.sent = true;
+        // The handler ran this call: its error never says "not run".
         self.write(
-            ReplyCode::of(status),
+            status.code().into(),
             &Metadata::new(),
             status.message().as_bytes(),
         )

@@ -6,24 +6,39 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use netless::{CallOptions, Client, Code, Request, ResponseBuilder, Server, ServerConfig, Slo};
+use netless::{
+    CallOptions, Client, ClientConfig, Code, Request, ResponseBuilder, RetryPolicy, Server,
+    ServerConfig, Slo,
+};
 
-/// How long the first call holds the only worker.
-const STALL: Duration = Duration::from_millis(300);
+/// How long the first call holds the only worker: long enough for the client to queue the
+/// others behind it on a loaded machine.
+const STALL: Duration = Duration::from_secs(1);
 /// Calls queued behind it.
 const QUEUED: usize = 10;
 
 /// `Work` calls the handler ran.
 static WORKED: AtomicU64 = AtomicU64::new(0);
+/// The file the `Stall` handler creates once it holds the worker (the client waits for it).
+static STALLING: OnceLock<PathBuf> = OnceLock::new();
+
+fn stalling_marker(dir: &Path) -> PathBuf {
+    dir.join("stalling")
+}
 
 fn handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), netless::Status> {
     match req.method {
-        "Stall" => thread::sleep(STALL),
+        "Stall" => {
+            std::fs::write(STALLING.get().expect("marker path set"), b"").unwrap();
+            thread::sleep(STALL)
+        }
         _ => {
             WORKED.fetch_add(1, Ordering::Relaxed);
         }
@@ -51,7 +66,30 @@ fn shedding_child_entry() {
         let client = client.clone();
         thread::spawn(move || client.call("Stall", b"s", &CallOptions::new()))
     };
-    thread::sleep(Duration::from_millis(30));
+    let marker = stalling_marker(&dir);
+    let waited = Instant::now();
+    while !marker.exists() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "Stall never started"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    // First in the queue, a call from a client that retries NACKs: refused like the others
+    // when the stall ends (others wait behind it), then retried after its backoff, and served.
+    let retrying = {
+        let config = ClientConfig {
+            retry: RetryPolicy::Backoff {
+                attempts: 3,
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(100),
+            },
+            ..client_config(&dir)
+        };
+        let client = Client::connect_with(&service, config).unwrap();
+        thread::spawn(move || client.call("Work", b"r", &CallOptions::new()))
+    };
+    thread::sleep(Duration::from_millis(200));
     let queued: Vec<_> = (0..QUEUED)
         .map(|_| {
             let client = client.clone();
@@ -63,6 +101,7 @@ fn shedding_child_entry() {
         })
         .collect();
     assert!(stall.join().unwrap().is_ok());
+    let retried_ok = retrying.join().unwrap().is_ok();
     let (mut ok, mut shed, mut other, mut slowest_refusal) = (0, 0, 0, Duration::ZERO);
     for t in queued {
         match t.join().unwrap() {
@@ -85,9 +124,10 @@ fn shedding_child_entry() {
     // Afterwards, with nothing queued, calls are served again.
     let after = client.call("Work", b"a", &CallOptions::new()).is_ok();
     println!(
-        "RESULT ok={ok} shed={shed} other={other} slowest_refusal_ms={} after_ok={}",
+        "RESULT ok={ok} shed={shed} other={other} slowest_refusal_ms={} after_ok={} retried_ok={}",
         slowest_refusal.as_millis(),
-        u8::from(after)
+        u8::from(after),
+        u8::from(retried_ok)
     );
     std::io::stdout().flush().unwrap();
 }
@@ -111,6 +151,7 @@ fn requests_that_waited_past_the_slo_are_refused_without_running() {
         slo: Some(slo),
         ..server_config(dir.path())
     };
+    STALLING.set(stalling_marker(dir.path())).unwrap();
     let server = Server::bind("t.Shed", config, handler).unwrap();
     assert!(server.stats().depth_limit as usize > QUEUED);
     let mut child = spawn_role("shedding_child_entry", "burst", dir.path(), "t.Shed");
@@ -134,9 +175,12 @@ fn requests_that_waited_past_the_slo_are_refused_without_running() {
     assert_eq!(field(&line, "shed"), QUEUED as u64 - 1, "{summary}");
     assert_eq!(field(&line, "ok"), 1, "{summary}");
     assert_eq!(field(&line, "after_ok"), 1, "{summary}");
-    assert_eq!(WORKED.load(Ordering::Relaxed), 2, "{summary}");
-    assert_eq!(stats.shed, QUEUED as u64 - 1, "{summary}");
+    // The retrying client's call was refused once (it was first in the queue) and then
+    // served on its retry: Client::call retries a worker's refusal under its policy.
+    assert_eq!(field(&line, "retried_ok"), 1, "{summary}");
+    assert_eq!(stats.shed, QUEUED as u64, "{summary}");
+    assert_eq!(WORKED.load(Ordering::Relaxed), 3, "{summary}");
     // The refused calls failed as soon as the worker reached them, not after being run.
     let slowest = Duration::from_millis(field(&line, "slowest_refusal_ms"));
-    assert!(slowest < STALL + Duration::from_secs(5), "{summary}");
+    assert!(slowest < STALL + Duration::from_secs(10), "{summary}");
 }

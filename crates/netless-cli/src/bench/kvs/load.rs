@@ -136,7 +136,8 @@ pub struct Window {
     pub sent: u64,
     /// Calls answered.
     pub accepted: u64,
-    /// Calls NACKed by the server (buffer full or queue deeper than the SLO allows).
+    /// Calls NACKed: by the client before sending (buffer full, queue deeper than the SLO
+    /// allows) or by a worker (queued too long to finish within the SLO).
     pub nacks: u64,
     /// Of those, the NACKs for a queue deeper than the SLO allows (the rest found no room in
     /// the receive buffer or queue, or waited too long).
