@@ -222,6 +222,12 @@ pub struct Acceptance {
     /// Load points within the SLO for `shared` only, and for `per-connection` only.
     pub paired_slo_only_shared: u32,
     pub paired_slo_only_per_connection: u32,
+    /// Calls sent at the load points up to capacity (≤ 1×) that went unanswered (NACKed or
+    /// failed), as a share of those sent, pooled over the points, per connection count:
+    /// `shared`, then `per-connection`. Every point counts, not only the highest that met the
+    /// SLO, so a stall in one window moves this little (see `print_acceptance`).
+    pub pooled_unanswered_shared: Vec<f64>,
+    pub pooled_unanswered_per_connection: Vec<f64>,
     /// The lowest offered load of the sweeps' top points, × capacity.
     pub min_overload_x_capacity: f64,
     /// Whether every sweep reached 2× the capacity.
@@ -251,6 +257,27 @@ impl Acceptance {
             only_shared += u32::from(a.within_slo && !b.within_slo);
             only_pc += u32::from(b.within_slo && !a.within_slo);
         }
+        let pooled = |mode: &str| -> Vec<f64> {
+            CONNECTIONS
+                .iter()
+                .map(|&c| {
+                    let (sent, unanswered) = rows
+                        .iter()
+                        .filter(|r| {
+                            r.config.mode == mode
+                                && r.config.connections == c
+                                && r.load_fraction <= 1.0
+                        })
+                        .fold((0u64, 0u64), |(s, u), r| {
+                            (
+                                s + r.client.sent,
+                                u + r.client.sent.saturating_sub(r.client.accepted),
+                            )
+                        });
+                    unanswered as f64 / sent.max(1) as f64
+                })
+                .collect()
+        };
         ratios.sort_by(f64::total_cmp);
         let median = (!ratios.is_empty()).then(|| {
             let n = ratios.len();
@@ -307,6 +334,8 @@ impl Acceptance {
             paired_p99_median_ratio: median,
             paired_slo_only_shared: only_shared,
             paired_slo_only_per_connection: only_pc,
+            pooled_unanswered_shared: pooled("shared"),
+            pooled_unanswered_per_connection: pooled("per-connection"),
             shared_buffer_bytes: shared_bytes,
             per_connection_buffer_bytes: pc_bytes,
             shared_within_slo_per_s: shared_tput,
@@ -361,6 +390,22 @@ pub fn print_acceptance(a: &Acceptance) {
             .map_or("-".into(), |r| format!("{r:.2}×")),
         a.paired_slo_only_shared,
         a.paired_slo_only_per_connection
+    );
+    // The highest load meeting the SLO sits on a cliff (the NACKs a depth limit needs pass
+    // 1% between about 0.5× and 0.8× capacity), so which mode's window a stall of the host
+    // hit decides it; the share of calls refused over all points up to capacity, pooled,
+    // compares the modes with every call sent.
+    let shares = |v: &[f64]| {
+        v.iter()
+            .map(|&x| format!("{:.2}%", x * 100.0))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!(
+        "    calls unanswered at loads up to capacity, pooled over the points: shared {} vs \
+         per-connection {}",
+        shares(&a.pooled_unanswered_shared),
+        shares(&a.pooled_unanswered_per_connection)
     );
     println!(
         "  overload reached (offered ≥ 2× capacity in every sweep): {} (lowest {:.2}×; \
