@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -169,15 +169,6 @@ fn p99(v: &mut [u64]) -> u64 {
         .unwrap_or(0)
 }
 
-/// Parses `key=value` fields of the child's RESULT line.
-fn field(line: &str, key: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
     let dir = TestDir::new("slo");
@@ -209,14 +200,7 @@ fn overload_fails_fast_and_keeps_accepted_calls_within_the_slo() {
     );
     let mut out = BufReader::new(child.stdout.take().unwrap());
     wait_for_line(&mut out, "READY");
-    let mut line = String::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !line.starts_with("RESULT") {
-        assert!(Instant::now() < deadline, "load generator hung");
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "load generator died");
-        line = line.trim_start_matches(|c: char| c != 'R').to_string();
-    }
+    let line = read_result(&mut out, Duration::from_secs(60));
     assert!(child.wait().unwrap().success());
     let (ok, nack, shed) = (
         field(&line, "ok"),

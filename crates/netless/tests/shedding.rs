@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -132,14 +132,6 @@ fn shedding_child_entry() {
     std::io::stdout().flush().unwrap();
 }
 
-fn field(line: &str, key: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn requests_that_waited_past_the_slo_are_refused_without_running() {
     let dir = TestDir::new("shed");
@@ -157,14 +149,7 @@ fn requests_that_waited_past_the_slo_are_refused_without_running() {
     let mut child = spawn_role("shedding_child_entry", "burst", dir.path(), "t.Shed");
     let mut out = BufReader::new(child.stdout.take().unwrap());
     wait_for_line(&mut out, "READY");
-    let mut line = String::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !line.starts_with("RESULT") {
-        assert!(Instant::now() < deadline, "client hung");
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "client died");
-        line = line.trim_start_matches(|c: char| c != 'R').to_string();
-    }
+    let line = read_result(&mut out, Duration::from_secs(60));
     assert!(child.wait().unwrap().success());
     let stats = server.stats();
     let summary = format!("{} | {stats:?}", line.trim());

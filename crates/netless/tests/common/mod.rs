@@ -172,3 +172,27 @@ pub fn cpu_time(pid: u32) -> Duration {
     let hz = rustix::param::clock_ticks_per_second();
     Duration::from_secs_f64(ticks as f64 / hz as f64)
 }
+
+/// Reads a child's stdout up to its `RESULT key=value …` line (anything before it on that
+/// line, or on earlier lines, is skipped); fails if the child dies or `timeout` passes
+/// between lines.
+pub fn read_result(out: &mut BufReader<ChildStdout>, timeout: Duration) -> String {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut line = String::new();
+    while !line.starts_with("RESULT") {
+        assert!(std::time::Instant::now() < deadline, "child hung");
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child died");
+        line = line.trim_start_matches(|c: char| c != 'R').to_string();
+    }
+    line
+}
+
+/// The value of `key=value` in a `RESULT` line.
+pub fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        .parse()
+        .unwrap()
+}
