@@ -121,8 +121,10 @@ impl fmt::Display for Code {
 pub struct Status {
     code: Code,
     message: String,
-    /// A NACK: refused before anything was sent, so the call may be retried as is.
+    /// A NACK: refused without running, so the call may be retried as is.
     nack: bool,
+    /// Of NACKs, one a server's worker sent (the request waited too long in its queue).
+    by_worker: bool,
 }
 
 impl Status {
@@ -132,6 +134,7 @@ impl Status {
             code,
             message: message.into(),
             nack: false,
+            by_worker: false,
         }
     }
 
@@ -150,6 +153,13 @@ impl Status {
     /// that waited so long in its queue that serving it would miss the SLO.
     pub fn is_nack(&self) -> bool {
         self.nack
+    }
+
+    /// Whether this NACK came from one of the server's workers rather than from this client:
+    /// the request was sent, but waited in the server's queue too long to finish within its
+    /// SLO, and was refused without running (see [`Status::is_nack`]).
+    pub fn is_refused_by_worker(&self) -> bool {
+        self.by_worker
     }
 
     /// The gRPC code.
@@ -233,6 +243,7 @@ impl ReplyCode {
             code: self.code,
             message: String::from_utf8_lossy(&Vec::from(message)).into_owned(),
             nack: self.not_run,
+            by_worker: self.not_run,
         }
     }
 }
@@ -298,7 +309,8 @@ mod tests {
         assert_eq!(nack.wire(), 0x8000 | Code::ResourceExhausted as u16);
         assert_eq!(ReplyCode::from_wire(nack.wire()), Some(nack));
         let status = nack.status(b"queued past the SLO");
-        assert!(status.is_nack());
+        assert!(status.is_nack() && status.is_refused_by_worker());
+        assert!(!Status::nack("queue full").is_refused_by_worker());
         assert_eq!(status.code(), Code::ResourceExhausted);
         // Only a refusal may say it did not run.
         assert_eq!(ReplyCode::from_wire(0x8000 | Code::Internal as u16), None);

@@ -124,9 +124,7 @@ fn overload_child_entry() {
                             match r {
                                 Ok(_) => ok.push(us),
                                 // Refused by the worker: it had queued too long (a stall).
-                                Err(s) if s.message().contains("without running it") => {
-                                    shed.push(us)
-                                }
+                                Err(s) if s.is_refused_by_worker() => shed.push(us),
                                 Err(s) if s.code() == Code::ResourceExhausted => nack.push(us),
                                 Err(s) => {
                                     eprintln!("unexpected: {s}");

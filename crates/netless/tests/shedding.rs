@@ -109,7 +109,7 @@ fn shedding_child_entry() {
             (Err(s), took)
                 if s.code() == Code::ResourceExhausted
                     && s.is_nack()
-                    && s.message().contains("without running it")
+                    && s.is_refused_by_worker()
                     && s.message().contains("SLO") =>
             {
                 shed += 1;

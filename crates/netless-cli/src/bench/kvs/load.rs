@@ -216,10 +216,10 @@ impl Acc {
         if s.is_nack() {
             self.nacks += 1;
             self.nack_latency.saturating_record(took_ns.max(1));
-            // The runtime says why only in words: "… has N requests queued, more than …", or
-            // "… refused the request without running it: it waited …".
+            // The runtime says why a client refused only in words: "… has N requests
+            // queued, more than …".
             self.nacks_depth += u64::from(s.message().contains("requests queued"));
-            self.nacks_late += u64::from(s.message().contains("without running it"));
+            self.nacks_late += u64::from(s.is_refused_by_worker());
         } else if s.code() == netless::Code::ResourceExhausted {
             self.local_rejects += 1;
         } else {
