@@ -341,6 +341,15 @@ impl<'a> ReceiveQueue<'a> {
         crate::prefetch::prefetch_write((self.cell(t) as *const AtomicU64).cast());
     }
 
+    /// Starts taking exclusive the cell `ahead` positions past the next one to fill (a hint).
+    /// A producer enqueueing steadily calls it with a line's worth of cells, so the line its
+    /// later enqueues need arrives while it writes messages, not during the enqueue's CAS;
+    /// the consumer, polling the cell at the tail, is not robbed of that line.
+    pub fn prefetch_cell_ahead(&self, ahead: u64) {
+        let t = self.tail.load(Relaxed).wrapping_add(ahead);
+        crate::prefetch::prefetch_write((self.cell(t) as *const AtomicU64).cast());
+    }
+
     /// Like [`ReceiveQueue::try_dequeue`], but an unfilled cell is reported `Empty` without
     /// reading the shared tail, so a consumer polling an idle queue touches only the one cell
     /// a producer will write next (the tail's cache line stays with the producers). Holes a

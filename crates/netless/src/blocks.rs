@@ -161,6 +161,24 @@ impl BlockLease {
         }
     }
 
+    /// Whether every word of `start..start + count` is OWNED by us (a run kept for reuse is
+    /// checked before each reuse: the table is memory the server writes).
+    pub(crate) fn holds(&self, table: &[AtomicU32], start: u32, count: u32) -> bool {
+        self.inside(start, count)
+            && table
+                .get(start as usize..(start + count) as usize)
+                .is_some_and(|words| {
+                    words
+                        .iter()
+                        .all(|w| w.load(Ordering::Acquire) == owned(self.tag))
+                })
+    }
+
+    /// Blocks in this connection's partition.
+    pub(crate) fn partition_len(&self) -> u32 {
+        self.len
+    }
+
     /// Frees the spare run, if any (on close).
     pub(crate) fn release_all(&self, table: &[AtomicU32]) {
         self.hot.store(0, Ordering::Relaxed);

@@ -949,6 +949,22 @@ impl Shared {
         }
     }
 
+    /// How many connections allocate in this connection's partition of the buffer.
+    pub(crate) fn sharers(&self) -> u32 {
+        let g = self.replica.geometry();
+        match g.provisioning {
+            provisioning::PER_CONNECTION => 1,
+            _ => {
+                let conns = self
+                    .replica
+                    .server_control()
+                    .connections
+                    .load(Ordering::Relaxed);
+                conns.div_ceil(g.nparts.max(1)).max(1)
+            }
+        }
+    }
+
     /// The buffer's shared allocation head, if connections share the partition's head.
     pub(crate) fn shared_head(&self) -> Option<&AtomicU32> {
         (self.replica.geometry().provisioning == provisioning::SHARED)
@@ -1060,18 +1076,7 @@ impl Shared {
                         break Ended::Elsewhere;
                     }
                     // Use the wait to get the next call's blocks ready.
-                    let sharers = match self.replica.geometry().provisioning {
-                        provisioning::PER_CONNECTION => 1,
-                        _ => {
-                            let g = self.replica.geometry();
-                            let conns = self
-                                .replica
-                                .server_control()
-                                .connections
-                                .load(Ordering::Relaxed);
-                            conns.div_ceil(g.nparts)
-                        }
-                    };
+                    let sharers = self.sharers();
                     if let Some((start, count)) =
                         self.lease
                             .prepare_spare(self.replica.table(), self.shared_head(), sharers)

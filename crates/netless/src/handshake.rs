@@ -20,7 +20,7 @@ const GREETING: u8 = 5;
 /// Protocol version carried in `Hello` and `Welcome`. 5: a reply's status may carry
 /// NOT_RUN (bit 15, `status::ReplyCode`), which protocol 4 clients would take for an
 /// unknown code.
-pub(crate) const PROTOCOL_VERSION: u32 = 5;
+pub(crate) const PROTOCOL_VERSION: u32 = 6;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

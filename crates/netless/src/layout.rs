@@ -259,6 +259,12 @@ pub mod wire_flags {
     /// [`CompactHeader`](super::CompactHeader) instead of a `WireHeader`, at the first 16-byte
     /// boundary after the previous request's body (see there).
     pub const BATCH_COMPACT: u32 = 4;
+    /// Set on the first request of a run the client keeps: the server leaves the run's
+    /// blocks OWNED by the client when it has read it, and the client writes its next batch
+    /// there once every request in it is answered (a `Pipeline`'s runs, so a steady stream
+    /// of batches claims and frees no blocks: no CAS per block, and the block table's lines
+    /// stay put). The server reads the run only before it sends the last of its replies.
+    pub const KEEP_BLOCKS: u32 = 8;
 }
 
 /// The header of each request after the first in a compact batch

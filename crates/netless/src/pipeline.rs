@@ -30,7 +30,7 @@
 //! # Ok::<(), netless::Status>(())
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use netless_ring::prefetch::prefetch_write_range;
@@ -50,6 +50,21 @@ use crate::sync::Ordering;
 /// Set in a slot whose call is in flight.
 const BUSY: u32 = 1 << 31;
 
+/// In `slot_run`: the call's request is in no kept run.
+const NO_RUN: u32 = u32::MAX;
+
+/// A run of the buffer this pipeline keeps OWNED between batches (`wire_flags::KEEP_BLOCKS`):
+/// the server leaves it claimed after reading it, and the next batch is written there once
+/// every request in it is answered. A steady stream of batches thus claims no blocks (no
+/// CAS per block) and the block table's lines stay in both caches, unwritten.
+#[derive(Clone, Copy)]
+struct KeptRun {
+    start: u32,
+    blocks: u32,
+    /// Requests in it not yet answered (it is reused only at 0).
+    pending: u32,
+}
+
 /// A batch being written: a claimed run, `used` bytes of it filled. The first request has a
 /// `WireHeader` (with `BATCH_COMPACT`), the others a `CompactHeader`.
 struct Staged {
@@ -59,6 +74,8 @@ struct Staged {
     count: u32,
     /// Offset of the last request's header in the run (to set its "more" flag).
     last: usize,
+    /// The run's id in `Pipeline::kept`, if it is kept.
+    kept: Option<u32>,
 }
 
 /// A connection of its own for pipelined calls from one thread: see the module docs.
@@ -85,6 +102,93 @@ pub struct Pipeline {
     last_batch: u32,
     /// The call ids of the open batch, in order (kept here, not read back from the run).
     staged_ids: Vec<u64>,
+    /// Runs kept between batches.
+    kept: KeptRuns,
+}
+
+/// The runs a pipeline keeps ([`KeptRun`]) and which call is in which.
+struct KeptRuns {
+    /// By id (`None`: a vacant id).
+    runs: Vec<Option<KeptRun>>,
+    /// Ids of kept runs holding no request in flight, oldest first: the next batches go
+    /// there, in the order the server read them (it has long let go of their lines).
+    idle: VecDeque<u32>,
+    /// Per call slot: the kept run its request is in, or [`NO_RUN`].
+    slot_run: Vec<u32>,
+    /// Blocks held in kept runs.
+    blocks: u32,
+}
+
+impl KeptRuns {
+    fn new(slots: usize) -> KeptRuns {
+        KeptRuns {
+            runs: Vec::new(),
+            idle: VecDeque::new(),
+            slot_run: vec![NO_RUN; slots],
+            blocks: 0,
+        }
+    }
+
+    /// Starts keeping `start..start + blocks`; its id.
+    fn add(&mut self, start: u32, blocks: u32) -> u32 {
+        let run = KeptRun {
+            start,
+            blocks,
+            pending: 0,
+        };
+        self.blocks += blocks;
+        match self.runs.iter().position(Option::is_none) {
+            Some(id) => {
+                self.runs[id] = Some(run);
+                id as u32
+            }
+            None => {
+                self.runs.push(Some(run));
+                (self.runs.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Stops keeping run `id` (the caller frees its blocks, or leaves them to the server).
+    fn forget(&mut self, id: u32) -> Option<KeptRun> {
+        let run = self.runs.get_mut(id as usize)?.take()?;
+        self.blocks -= run.blocks;
+        Some(run)
+    }
+
+    /// An idle kept run of at least `need` blocks, still OWNED by us. Smaller ones met on
+    /// the way are given back (the batches have grown past them), and ones no longer ours
+    /// (the table is memory the server writes) forgotten.
+    fn take_idle(&mut self, shared: &Shared, need: u32) -> Option<(u32, KeptRun)> {
+        let table = shared.replica.table();
+        while let Some(id) = self.idle.pop_front() {
+            let Some(run) = self.runs.get(id as usize).copied().flatten() else {
+                continue;
+            };
+            if !shared.lease.holds(table, run.start, run.blocks) {
+                self.forget(id);
+            } else if run.blocks < need {
+                self.forget(id);
+                shared.lease.unclaim(table, run.start, run.blocks);
+            } else {
+                return Some((id, run));
+            }
+        }
+        None
+    }
+
+    /// The request of call slot `index` was answered: its run may become idle.
+    fn answered(&mut self, index: usize) {
+        let Some(id) = self.slot_run.get_mut(index).map(|r| std::mem::replace(r, NO_RUN)) else {
+            return;
+        };
+        if let Some(Some(run)) = self.runs.get_mut(id as usize) {
+            run.pending = run.pending.saturating_sub(1);
+            if run.pending == 0 {
+                self.idle.push_back(id);
+            }
+        }
+    }
 }
 
 impl Pipeline {
@@ -107,6 +211,7 @@ impl Pipeline {
             batched: 0,
             last_batch: 1,
             staged_ids: Vec::new(),
+            kept: KeptRuns::new(n as usize),
         })
     }
 
@@ -319,6 +424,7 @@ impl Pipeline {
             free,
             in_flight,
             partial,
+            kept,
             ..
         } = self;
         let shared = client.shared();
@@ -351,7 +457,7 @@ impl Pipeline {
                         return Err("a reply to no call in flight");
                     }
                     on_reply(id, outcome(code, bytes.0, bytes.1));
-                    complete(slots, free, in_flight, id);
+                    complete(slots, free, in_flight, kept, id);
                     Ok(())
                 });
                 match done {
@@ -400,7 +506,7 @@ impl Pipeline {
             let md_end = h.metadata_len as usize;
             on_reply(h.call_id, outcome(code, &bytes[..md_end], &bytes[md_end..]));
             record.release();
-            complete(slots, free, in_flight, h.call_id);
+            complete(slots, free, in_flight, kept, h.call_id);
             delivered += 1;
         }
         drop(consumer);
@@ -451,6 +557,7 @@ impl Pipeline {
             &mut self.slots,
             &mut self.free,
             &mut self.in_flight,
+            &mut self.kept,
             call_id,
         );
     }
@@ -473,17 +580,28 @@ impl Pipeline {
             .min(self.max_run_bytes)
             .div_ceil(block) as u32;
         let table = shared.replica.table();
-        let head = shared.shared_head();
-        let claimed = shared
-            .lease
-            .claim_fresh(table, head, want.max(one))
-            .map(|s| (s, want.max(one)))
-            .or_else(|| shared.lease.claim_fresh(table, head, one).map(|s| (s, one)));
-        let Some((start, blocks)) = claimed else {
-            return Err(shared.nack(format!(
-                "receive buffer of service `{}` is full: retry after polling, or run more replicas",
-                shared.service
-            )));
+        let (start, blocks, kept) = match self.kept.take_idle(shared, want.max(one)) {
+            Some((id, run)) => (run.start, run.blocks, Some(id)),
+            None => {
+                let head = shared.shared_head();
+                let claimed = shared
+                    .lease
+                    .claim_fresh(table, head, want.max(one))
+                    .map(|s| (s, want.max(one)))
+                    .or_else(|| shared.lease.claim_fresh(table, head, one).map(|s| (s, one)));
+                let Some((start, blocks)) = claimed else {
+                    return Err(shared.nack(format!(
+                        "receive buffer of service `{}` is full: retry after polling, or run more replicas",
+                        shared.service
+                    )));
+                };
+                // Kept for the batches after this one, within a share of the partition
+                // that leaves most of it to the connections sharing it.
+                let budget = shared.lease.partition_len() / (4 * shared.sharers());
+                let kept = (self.kept.blocks + blocks <= budget)
+                    .then(|| self.kept.add(start, blocks));
+                (start, blocks, kept)
+            }
         };
         // Take the run's lines exclusive now (the server read them last): the requests'
         // stores then find them here instead of each waiting for its own transfer.
@@ -496,6 +614,7 @@ impl Pipeline {
             used: 0,
             count: 0,
             last: 0,
+            kept,
         });
         Ok(())
     }
@@ -508,12 +627,16 @@ impl Pipeline {
         let shared = self.client.shared();
         let table = shared.replica.table();
         if staged.count == 0 {
-            shared.lease.unclaim(table, staged.start, staged.blocks);
+            match staged.kept {
+                Some(id) => self.kept.idle.push_back(id),
+                None => shared.lease.unclaim(table, staged.start, staged.blocks),
+            }
             return;
         }
         let block = shared.replica.block_size();
         let used = staged.used.div_ceil(block) as u32;
-        if used < staged.blocks {
+        // A kept run stays whole, for batches as large as the one it was claimed for.
+        if used < staged.blocks && staged.kept.is_none() {
             shared
                 .lease
                 .unclaim(table, staged.start + used, staged.blocks - used);
@@ -530,6 +653,9 @@ impl Pipeline {
             let mut h = WireHeader::read_from(first as *const u8);
             h.nblocks = used;
             h.reserved[1] = stamp;
+            if staged.kept.is_some() {
+                h.reserved[0] |= wire_flags::KEEP_BLOCKS;
+            }
             std::ptr::write_unaligned(first, h);
         }
         let q = shared.replica.queue_for(shared.conn_index);
@@ -539,9 +665,30 @@ impl Pipeline {
                 self.batches += 1;
                 self.batched += u64::from(staged.count);
                 self.last_batch = staged.count;
+                if let Some(id) = staged.kept {
+                    if let Some(Some(run)) = self.kept.runs.get_mut(id as usize) {
+                        run.pending = staged.count;
+                    }
+                    for &call_id in &self.staged_ids {
+                        self.kept.slot_run[(call_id & 0xffff_ffff) as usize] = id;
+                    }
+                }
+                // Start owning what the next batch will write: the kept run it will most
+                // likely take (the server read it a while ago) and the queue's cells a line
+                // ahead. Those transfers then overlap this batch's wait, instead of stalling
+                // the next enqueue's CAS, which waits for every store before it.
+                if let Some(run) = self.kept.idle.front().and_then(|&id| self.kept.runs[id as usize]) {
+                    if let Some(dst) = shared.replica.block_run(run.start, run.blocks) {
+                        prefetch_write_range(dst, run.blocks as usize * block, 64);
+                    }
+                }
+                q.queue.prefetch_cell_ahead(8);
             }
             Err(e) => {
-                shared.lease.unclaim(table, staged.start, used);
+                match staged.kept {
+                    Some(id) => self.kept.idle.push_back(id),
+                    None => shared.lease.unclaim(table, staged.start, used),
+                }
                 let why = match e {
                     EnqueueError::Full => "receive queue is full",
                     _ => "receive queue is contended or damaged",
@@ -621,13 +768,20 @@ fn for_each_compact_reply(
 }
 
 /// [`Pipeline::complete`] on the fields it touches (for loops that also borrow the client).
-fn complete(slots: &mut [u32], free: &mut Vec<u32>, in_flight: &mut u32, call_id: u64) {
+fn complete(
+    slots: &mut [u32],
+    free: &mut Vec<u32>,
+    in_flight: &mut u32,
+    kept: &mut KeptRuns,
+    call_id: u64,
+) {
     let index = (call_id & 0xffff_ffff) as usize;
     if let Some(slot) = slots.get_mut(index) {
         if *slot & BUSY != 0 {
             *slot &= !BUSY;
             free.push(index as u32);
             *in_flight = in_flight.saturating_sub(1);
+            kept.answered(index);
         }
     }
 }
@@ -635,11 +789,19 @@ fn complete(slots: &mut [u32], free: &mut Vec<u32>, in_flight: &mut u32, call_id
 impl Drop for Pipeline {
     fn drop(&mut self) {
         // An unpublished batch's blocks go back to the buffer.
+        let shared: &Shared = self.client.shared();
+        let table = shared.replica.table();
+        if std::env::var_os("NLDEBUG").is_some() { eprintln!("kept runs {} blocks {} idle {}", self.kept.runs.iter().flatten().count(), self.kept.blocks, self.kept.idle.len()); }
         if let Some(staged) = self.staged.take() {
-            let shared: &Shared = self.client.shared();
-            shared
-                .lease
-                .unclaim(shared.replica.table(), staged.start, staged.blocks);
+            if staged.kept.is_none() {
+                shared.lease.unclaim(table, staged.start, staged.blocks);
+            }
+        }
+        // Kept runs with no request in flight go back now; the others the server frees
+        // when it retires the connection (it may still be reading them).
+        let in_flight = |run: &&KeptRun| run.pending > 0;
+        for run in self.kept.runs.iter().flatten().filter(|r| !in_flight(r)) {
+            shared.lease.unclaim(table, run.start, run.blocks);
         }
     }
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use netless_ring::prefetch::{prefetch_read_range, prefetch_write, prefetch_write_range};
+use netless_ring::prefetch::{prefetch_read, prefetch_read_range, prefetch_write_range};
 use netless_ring::{ConsumerHead, Dequeue, Producer, PushError};
 use netless_shm::{peer_cred, recv_frame, send_frame};
 
@@ -1084,9 +1084,11 @@ impl ServerShared {
                 if let Some(first) = self.replica.block_run(block, 1) {
                     prefetch_read_range(first, 2 * 64, 2);
                 }
-                // For writing: the worker reads it, then stores FREE into it.
+                // For reading only: the worker validates it, and its store of FREE (if the
+                // client does not keep the run) waits in the store buffer, stalling nothing;
+                // taking the line exclusive would rob a client checking its kept runs.
                 if let Some(word) = self.replica.table().get(block as usize) {
-                    prefetch_write((word as *const AtomicU32).cast());
+                    prefetch_read((word as *const AtomicU32).cast());
                 }
             };
             let dequeued = if single {
@@ -1331,9 +1333,13 @@ impl ServerShared {
         // not), and a store does not stall this worker until the line is back from the
         // client's core. The store is ordered before the response (TSO and Release), so the
         // client sees its blocks FREE by the time it sees the reply.
+        // A run the client keeps (`KEEP_BLOCKS`, whole requests only) stays OWNED by it.
+        let keep = h.reserved[0] & wire_flags::KEEP_BLOCKS != 0 && h.frag_len == h.body_len;
         let release = || {
-            for w in words {
-                w.store(block_state::FREE, Ordering::Release);
+            if !keep {
+                for w in words {
+                    w.store(block_state::FREE, Ordering::Release);
+                }
             }
         };
         if h.reserved[0] & wire_flags::BATCH_MORE != 0 {
