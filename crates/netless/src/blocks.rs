@@ -330,6 +330,21 @@ mod tests {
     }
 
     #[test]
+    fn holds_only_runs_wholly_ours_inside_the_partition() {
+        let t = table(16);
+        let lease = BlockLease::new(5, 4..12, 64);
+        let head = AtomicU32::new(4);
+        let r = lease.claim(&t, Some(&head), 3).unwrap();
+        assert!(lease.holds(&t, r, 3));
+        // A word the server (or anyone) changed: no longer ours.
+        t[(r + 1) as usize].store(owned(9), Ordering::Relaxed);
+        assert!(!lease.holds(&t, r, 3));
+        assert!(!lease.holds(&t, 0, 2), "outside the partition");
+        assert!(!lease.holds(&t, 11, u32::MAX), "no overflow");
+        assert_eq!(lease.partition_len(), 8);
+    }
+
+    #[test]
     fn spares_only_where_the_partition_is_roomy() {
         let t = table(64);
         let head = AtomicU32::new(0);

@@ -179,7 +179,11 @@ impl KeptRuns {
 
     /// The request of call slot `index` was answered: its run may become idle.
     fn answered(&mut self, index: usize) {
-        let Some(id) = self.slot_run.get_mut(index).map(|r| std::mem::replace(r, NO_RUN)) else {
+        let Some(id) = self
+            .slot_run
+            .get_mut(index)
+            .map(|r| std::mem::replace(r, NO_RUN))
+        else {
             return;
         };
         if let Some(Some(run)) = self.runs.get_mut(id as usize) {
@@ -598,8 +602,8 @@ impl Pipeline {
                 // Kept for the batches after this one, within a share of the partition
                 // that leaves most of it to the connections sharing it.
                 let budget = shared.lease.partition_len() / (4 * shared.sharers());
-                let kept = (self.kept.blocks + blocks <= budget)
-                    .then(|| self.kept.add(start, blocks));
+                let kept =
+                    (self.kept.blocks + blocks <= budget).then(|| self.kept.add(start, blocks));
                 (start, blocks, kept)
             }
         };
@@ -677,7 +681,12 @@ impl Pipeline {
                 // likely take (the server read it a while ago) and the queue's cells a line
                 // ahead. Those transfers then overlap this batch's wait, instead of stalling
                 // the next enqueue's CAS, which waits for every store before it.
-                if let Some(run) = self.kept.idle.front().and_then(|&id| self.kept.runs[id as usize]) {
+                if let Some(run) = self
+                    .kept
+                    .idle
+                    .front()
+                    .and_then(|&id| self.kept.runs[id as usize])
+                {
                     if let Some(dst) = shared.replica.block_run(run.start, run.blocks) {
                         prefetch_write_range(dst, run.blocks as usize * block, 64);
                     }
@@ -791,7 +800,6 @@ impl Drop for Pipeline {
         // An unpublished batch's blocks go back to the buffer.
         let shared: &Shared = self.client.shared();
         let table = shared.replica.table();
-        if std::env::var_os("NLDEBUG").is_some() { eprintln!("kept runs {} blocks {} idle {}", self.kept.runs.iter().flatten().count(), self.kept.blocks, self.kept.idle.len()); }
         if let Some(staged) = self.staged.take() {
             if staged.kept.is_none() {
                 shared.lease.unclaim(table, staged.start, staged.blocks);

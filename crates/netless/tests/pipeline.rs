@@ -16,14 +16,69 @@ use netless::{control, CallOptions, Client, ClientConfig, Code, Pipeline, Server
 #[test]
 #[ignore = "entry point of the peer processes the other tests spawn"]
 fn pipeline_child_entry() {
-    let Some((_role, dir, service)) = role() else {
+    let Some((role, dir, service)) = role() else {
         return;
     };
+    if role == "keeper" {
+        return keeper(&dir, &service);
+    }
     let _server = Server::bind(&service, server_config(&dir), test_handler).unwrap();
     println!("READY");
     std::io::stdout().flush().unwrap();
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
+}
+
+/// A pipeline client for `kept_runs_are_reused_and_freed`: runs rounds of 4000 calls with 8
+/// in flight, printing `ROUND` after each, on each `round` line of stdin; on `hold` it leaves
+/// eight slow calls in flight and prints `HELD`; on end of input it exits (dropping the
+/// pipeline).
+fn keeper(dir: &std::path::Path, service: &str) {
+    let config = ClientConfig {
+        max_in_flight: 8,
+        ..client_config(dir)
+    };
+    let mut pipe = Pipeline::connect(service, config).unwrap();
+    for line in std::io::stdin().lines() {
+        match line.unwrap().as_str() {
+            "round" => {
+                run_sized(&mut pipe, 4000, 8, 100);
+                println!("ROUND");
+            }
+            "hold" => {
+                let mut slow = 300u64.to_le_bytes().to_vec();
+                slow.resize(100, 0);
+                for _ in 0..8 {
+                    pipe.submit("Slow", &slow).unwrap();
+                }
+                pipe.flush();
+                println!("HELD");
+            }
+            other => panic!("unknown command {other}"),
+        }
+        std::io::stdout().flush().unwrap();
+    }
+}
+
+/// Like `run`, with every payload `size` bytes.
+fn run_sized(pipe: &mut Pipeline, calls: u32, window: u32, size: usize) {
+    let (mut sent, mut done) = (0u32, 0u32);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done < calls {
+        assert!(Instant::now() < deadline, "stalled at {done}/{calls}");
+        while sent < calls && pipe.in_flight() < window {
+            let payload = vec![sent as u8; size];
+            pipe.submit("Echo", &payload).unwrap();
+            sent += 1;
+        }
+        let n = pipe
+            .poll(|_, reply| assert_eq!(reply.unwrap().len(), size))
+            .unwrap();
+        if n == 0 {
+            pipe.wait(Some(Duration::from_secs(5))).unwrap();
+        }
+        done += n as u32;
+    }
 }
 
 fn start(dir: &TestDir, service: &str) -> Child {
@@ -176,4 +231,77 @@ fn a_full_pipeline_says_so() {
     assert_eq!(pipe.in_flight(), 0);
     drop(server.stdin.take());
     server.wait().unwrap();
+}
+
+/// A pipeline keeps the runs its batches used (`KEEP_BLOCKS`): the server leaves them OWNED,
+/// later batches reuse them instead of claiming more, and they are all free again when the
+/// pipeline closes or its process is killed.
+#[test]
+fn kept_runs_are_reused_and_freed() {
+    let dir = TestDir::new("keep");
+    let server = Server::bind("t.Keep", server_config(dir.path()), test_handler).unwrap();
+    let total = server.stats().total_blocks;
+    let control = Client::connect_with("t.Keep", client_config(dir.path())).unwrap();
+    set(&control, "batch_mode=fixed");
+    set(&control, "batch=8");
+    // (Its own spare run would count as held.)
+    drop(control);
+    // A batch of 8 requests of 100 bytes ("Echo"): a 64-byte header and 7 compact (16-byte)
+    // ones, each body padded to 16 bytes: 176 + 7 × 128 bytes, 17 blocks of 64.
+    let run_blocks = (176 + 7 * 128u32).div_ceil(64);
+    let held = || total - server.stats().free_blocks;
+
+    let mut child = spawn_role("pipeline_child_entry", "keeper", dir.path(), "t.Keep");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    for round in 0..2 {
+        writeln!(stdin, "round").unwrap();
+        wait_for_line(&mut out, "ROUND");
+        // Idle now, yet still holding its runs; with 8 calls in flight at most it never
+        // needs more than 8 of them. (Without reuse, 500 batches a round would have piled
+        // up to the pipeline's budget: a quarter of the buffer per sharer.)
+        let h = held();
+        assert!(h > 0, "round {round}: no run kept");
+        assert!(
+            h <= 8 * run_blocks,
+            "round {round}: {h} blocks held, more than 8 runs of {run_blocks}"
+        );
+    }
+    // A clean close gives every block back.
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    wait_all_free(&server, total);
+
+    // Killed with calls in flight in its kept runs: the server reclaims them.
+    let mut child = spawn_role("pipeline_child_entry", "keeper", dir.path(), "t.Keep");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "round").unwrap();
+    wait_for_line(&mut out, "ROUND");
+    writeln!(stdin, "hold").unwrap();
+    wait_for_line(&mut out, "HELD");
+    assert!(held() > 0);
+    sigkill(&child);
+    child.wait().unwrap();
+    wait_all_free(&server, total);
+    // The server serves on.
+    let client = Client::connect_with("t.Keep", client_config(dir.path())).unwrap();
+    let reply = client.call("Echo", b"after", &CallOptions::new()).unwrap();
+    assert_eq!(reply.payload, b"after");
+}
+
+/// Waits (up to 5 s) until every block of the server's buffer is free.
+fn wait_all_free(server: &Server, total: u32) {
+    let start = Instant::now();
+    loop {
+        let stats = server.stats();
+        if stats.free_blocks == total {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "blocks not freed: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
