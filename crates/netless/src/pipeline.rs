@@ -600,8 +600,19 @@ impl Pipeline {
                     )));
                 };
                 // Kept for the batches after this one, within a share of the partition
-                // that leaves most of it to the connections sharing it.
-                let budget = shared.lease.partition_len() / (4 * shared.sharers());
+                // that leaves most of it to the connections sharing it. None under an SLO:
+                // the buffer is then sized for the requests the SLO admits, and a run held
+                // idle would take from that.
+                let slo = shared
+                    .replica
+                    .server_control()
+                    .slo_ns
+                    .load(Ordering::Relaxed);
+                let budget = if slo == 0 {
+                    shared.lease.partition_len() / (4 * shared.sharers())
+                } else {
+                    0
+                };
                 let kept =
                     (self.kept.blocks + blocks <= budget).then(|| self.kept.add(start, blocks));
                 (start, blocks, kept)

@@ -288,6 +288,31 @@ fn kept_runs_are_reused_and_freed() {
     let client = Client::connect_with("t.Keep", client_config(dir.path())).unwrap();
     let reply = client.call("Echo", b"after", &CallOptions::new()).unwrap();
     assert_eq!(reply.payload, b"after");
+    drop(client);
+
+    // Under an SLO the buffer is sized for what the SLO admits: no run is kept.
+    let config = netless::ServerConfig {
+        slo: Some(netless::Slo {
+            target: Duration::from_millis(2),
+            mean_service: Some(Duration::from_micros(20)),
+            mean_request_bytes: 128,
+        }),
+        ..server_config(dir.path())
+    };
+    let slo_server = Server::bind("t.KeepSlo", config, test_handler).unwrap();
+    let control = Client::connect_with("t.KeepSlo", client_config(dir.path())).unwrap();
+    set(&control, "batch_mode=fixed");
+    set(&control, "batch=8");
+    drop(control);
+    let total = slo_server.stats().total_blocks;
+    let mut child = spawn_role("pipeline_child_entry", "keeper", dir.path(), "t.KeepSlo");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "round").unwrap();
+    wait_for_line(&mut out, "ROUND");
+    wait_all_free(&slo_server, total);
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
 }
 
 /// Waits (up to 5 s) until every block of the server's buffer is free.
