@@ -619,9 +619,16 @@ impl Pipeline {
             }
         };
         // Take the run's lines exclusive now (the server read them last): the requests'
-        // stores then find them here instead of each waiting for its own transfer.
+        // stores then find them here instead of each waiting for its own transfer. With
+        // nothing of ours at the server (low load), only what this request needs: a kept run
+        // may be far larger, and a lone request would pay for all its lines.
+        let ahead = if self.in_flight == 0 {
+            want.max(one)
+        } else {
+            blocks
+        };
         if let Some(run) = shared.replica.block_run(start, blocks) {
-            prefetch_write_range(run, blocks as usize * block, 64);
+            prefetch_write_range(run, ahead.min(blocks) as usize * block, 64);
         }
         self.staged = Some(Staged {
             start,
@@ -698,8 +705,10 @@ impl Pipeline {
                     .front()
                     .and_then(|&id| self.kept.runs[id as usize])
                 {
+                    // After a lone request (low load), only as much as it filled.
+                    let ahead = if staged.count == 1 { used } else { run.blocks };
                     if let Some(dst) = shared.replica.block_run(run.start, run.blocks) {
-                        prefetch_write_range(dst, run.blocks as usize * block, 64);
+                        prefetch_write_range(dst, ahead.min(run.blocks) as usize * block, 64);
                     }
                 }
                 q.queue.prefetch_cell_ahead(8);
