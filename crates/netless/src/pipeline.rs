@@ -150,10 +150,20 @@ impl KeptRuns {
     }
 
     /// Stops keeping run `id` (the caller frees its blocks, or leaves them to the server).
-    fn forget(&mut self, id: u32) -> Option<KeptRun> {
-        let run = self.runs.get_mut(id as usize)?.take()?;
-        self.blocks -= run.blocks;
-        Some(run)
+    fn forget(&mut self, id: u32) {
+        if let Some(run) = self.runs.get_mut(id as usize).and_then(Option::take) {
+            self.blocks -= run.blocks;
+        }
+    }
+
+    /// Run `id` went to the server holding the requests of `call_ids`.
+    fn published(&mut self, id: u32, call_ids: &[u64]) {
+        if let Some(Some(run)) = self.runs.get_mut(id as usize) {
+            run.pending = call_ids.len() as u32;
+        }
+        for &call_id in call_ids {
+            self.slot_run[(call_id & 0xffff_ffff) as usize] = id;
+        }
     }
 
     /// An idle kept run of at least `need` blocks, still OWNED by us. Smaller ones met on
@@ -688,12 +698,7 @@ impl Pipeline {
                 self.batched += u64::from(staged.count);
                 self.last_batch = staged.count;
                 if let Some(id) = staged.kept {
-                    if let Some(Some(run)) = self.kept.runs.get_mut(id as usize) {
-                        run.pending = staged.count;
-                    }
-                    for &call_id in &self.staged_ids {
-                        self.kept.slot_run[(call_id & 0xffff_ffff) as usize] = id;
-                    }
+                    self.kept.published(id, &self.staged_ids);
                 }
                 // Start owning what the next batch will write: the kept run it will most
                 // likely take (the server read it a while ago) and the queue's cells a line
@@ -827,8 +832,7 @@ impl Drop for Pipeline {
         }
         // Kept runs with no request in flight go back now; the others the server frees
         // when it retires the connection (it may still be reading them).
-        let in_flight = |run: &&KeptRun| run.pending > 0;
-        for run in self.kept.runs.iter().flatten().filter(|r| !in_flight(r)) {
+        for run in self.kept.runs.iter().flatten().filter(|r| r.pending == 0) {
             shared.lease.unclaim(table, run.start, run.blocks);
         }
     }
