@@ -79,6 +79,18 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
         );
         for row in rows {
             assert_eq!(row["client_threads"], threads, "{row}");
+            // The host's pace is timed before every single-client window, and only there.
+            let lone = row["round_lone_call_us"].as_array().unwrap();
+            if experiment == "single" {
+                assert_eq!(
+                    lone.len(),
+                    row["round_mrps"].as_array().unwrap().len(),
+                    "{row}"
+                );
+                assert!(f(row, "lone_call_us") > 0.0, "{row}");
+            } else {
+                assert!(lone.is_empty() && row["lone_call_us"].is_null(), "{row}");
+            }
             assert!(row["calls"].as_u64().unwrap() > 0, "{row}");
             assert!(f(row, "median_mrps") > 0.0, "{row}");
             assert!(
@@ -158,6 +170,13 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
     assert!(f(acceptance, "best_mrps") > 0.0, "{text}");
     assert!(f(acceptance, "adaptive_over_best_fixed") > 0.0, "{text}");
     assert!(acceptance["low_load"].as_array().is_some(), "{text}");
+    let pace = &acceptance["pace"];
+    assert!(
+        f(pace, "lone_call_us_min") > 0.0
+            && f(pace, "lone_call_us_min") <= f(pace, "lone_call_us_median")
+            && f(pace, "lone_call_us_median") <= f(pace, "lone_call_us_max"),
+        "{text}"
+    );
 
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg"), "not an SVG");

@@ -279,6 +279,31 @@ impl Driver {
         Ok(())
     }
 
+    /// The host's pace: the median round trip, ns, of `calls` lone calls (each submitted,
+    /// published at once and waited for with nothing else in flight). It is mostly a few
+    /// cache-line transfers between the two cores, and on a shared host their cost moves
+    /// several-fold from minute to minute (the other guests, where the hypervisor runs our
+    /// two vCPUs); every throughput figure moves with it. Call it with nothing in flight.
+    pub fn lone_call_ns(&mut self, calls: u32) -> anyhow::Result<u64> {
+        let limit = DRAIN_LIMIT.as_nanos() as u64;
+        let mut times = Vec::with_capacity(calls as usize);
+        for _ in 0..calls {
+            let start = self.watch.mark();
+            self.pipe
+                .submit(METHOD, &self.payload)
+                .context("submitting a lone call")?;
+            self.pipe.flush();
+            while self.poll()? == 0 {
+                if self.watch.elapsed_ns(start) > limit {
+                    bail!("a lone call was not answered within {DRAIN_LIMIT:?}");
+                }
+            }
+            times.push(self.watch.elapsed_ns(start));
+        }
+        times.sort_unstable();
+        Ok(times.get(times.len() / 2).copied().unwrap_or(0))
+    }
+
     /// Closed loop: keeps the window full for `warmup`, then counts the replies of the next
     /// `measure`, then drains. `stats`: a client of the server whose counters to snapshot
     /// at the window's edges.

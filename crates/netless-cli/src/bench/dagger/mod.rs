@@ -28,6 +28,13 @@
 //! The host is shared and noisy, so every row also says what else took the cores while it
 //! was measured: involuntary context switches of the client threads and of the server, and
 //! the hypervisor's steal time. A p99 of milliseconds at low load comes with them.
+//!
+//! Neither says how fast the two cores pass cache lines to each other, which on a shared
+//! host moves several-fold from minute to minute (where the hypervisor runs the two vCPUs,
+//! what the other guests do) and which every figure here follows. So before each window of
+//! the single-client sweep the client times a few hundred lone calls (nothing else in
+//! flight) and the table reports their median round trip; the acceptance block splits the
+//! windows by it, as context for the medians.
 
 mod load;
 mod noise;
@@ -84,6 +91,8 @@ const QUICK_LOADS: [f64; 3] = [0.05, 0.50, 0.95];
 const BEYOND_PEAK: f64 = 1.15;
 /// Loads up to this fraction of the peak count as low load for the acceptance figures.
 const LOW_LOAD: f64 = 0.10;
+/// Lone calls timed before each window of the single-client sweep (the host's pace).
+const LONE_CALLS: u32 = 500;
 
 /// `netless bench dagger`.
 #[derive(clap::Args, Debug)]
@@ -244,6 +253,10 @@ struct ThroughputRow {
     max_mrps: f64,
     /// Each round's throughput, in the order run.
     round_mrps: Vec<f64>,
+    /// The host's pace (single client only): the median round trip of a lone call timed
+    /// just before each window ([`Driver::lone_call_ns`]), µs; its median over the rounds.
+    lone_call_us: Option<f64>,
+    round_lone_call_us: Vec<f64>,
     /// Replies counted over all rounds.
     calls: u64,
     /// Requests per batch the clients published (measured windows).
@@ -325,6 +338,59 @@ struct Acceptance {
     /// The two-client sweep's best setting and median throughput.
     pairs_best: String,
     pairs_best_mrps: f64,
+    /// Context for the figures above, not a figure of the issue.
+    pace: Option<Pace>,
+}
+
+/// How the host's pace moved the single-client throughput: each window of the sweep split
+/// by whether the lone call timed just before it took at most the median over all windows
+/// (a quick host) or more (a slow one).
+#[derive(Clone, Debug, Serialize)]
+struct Pace {
+    lone_call_us_min: f64,
+    lone_call_us_median: f64,
+    lone_call_us_max: f64,
+    /// The best setting's median throughput in the quick and in the slow windows, Mrps.
+    best_quick_mrps: f64,
+    best_slow_mrps: f64,
+    /// B=1's.
+    b1_quick_mrps: f64,
+    b1_slow_mrps: f64,
+}
+
+impl Pace {
+    fn of(single: &[ThroughputRow], best: &str) -> Option<Pace> {
+        let all: Vec<f64> = single
+            .iter()
+            .flat_map(|r| r.round_lone_call_us.iter().copied())
+            .collect();
+        if all.is_empty() {
+            return None;
+        }
+        let threshold = median(&all);
+        // (quick, slow) medians of one setting's windows.
+        let split = |setting: &str| {
+            let Some(r) = single.iter().find(|r| r.setting == setting) else {
+                return (0.0, 0.0);
+            };
+            let pairs = r.round_mrps.iter().zip(&r.round_lone_call_us);
+            let (quick, slow): (Vec<_>, Vec<_>) = pairs.partition(|(_, us)| **us <= threshold);
+            let rates =
+                |v: Vec<(&f64, &f64)>| median(&v.iter().map(|(m, _)| **m).collect::<Vec<_>>());
+            (rates(quick), rates(slow))
+        };
+        let (best_quick_mrps, best_slow_mrps) = split(best);
+        let (b1_quick_mrps, b1_slow_mrps) = split(&Setting::Fixed(1).label());
+        Some(Pace {
+            lone_call_us_min: all.iter().copied().fold(f64::INFINITY, f64::min),
+            lone_call_us_median: threshold,
+            lone_call_us_max: all.iter().copied().fold(0.0, f64::max),
+            best_quick_mrps,
+            best_slow_mrps,
+            b1_quick_mrps,
+            b1_slow_mrps,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -474,6 +540,8 @@ fn median(xs: &[f64]) -> f64 {
 #[derive(Default)]
 struct Rounds {
     rates: Vec<f64>,
+    /// Per round: the median lone call just before its window, µs (single client only).
+    lone_us: Vec<f64>,
     counts: Counts,
     server_preempted: u64,
     steal_ms: f64,
@@ -507,6 +575,8 @@ fn throughput_rows(experiment: &'static str, threads: usize, per: &[Rounds]) -> 
                 min_mrps: r.rates.iter().copied().fold(f64::INFINITY, f64::min) / 1e6,
                 max_mrps: r.rates.iter().copied().fold(0.0, f64::max) / 1e6,
                 round_mrps: r.rates.iter().map(|x| x / 1e6).collect(),
+                lone_call_us: (!r.lone_us.is_empty()).then(|| median(&r.lone_us)),
+                round_lone_call_us: r.lone_us.clone(),
                 calls: r.counts.calls,
                 client_mean_batch: mean(r.counts.batched, r.counts.batches),
                 server_mean_batch: mean(r.counts.server_calls, r.counts.server_entries),
@@ -532,6 +602,8 @@ fn throughput_single(
     for round in 0..ctx.rounds {
         for k in order(round, THROUGHPUT_SETTINGS.len()) {
             THROUGHPUT_SETTINGS[k].apply(ctl)?;
+            let lone = driver.lone_call_ns(LONE_CALLS)?;
+            per[k].lone_us.push(lone as f64 / 1e3);
             let mark = noise::Mark::now(server);
             let c = driver.closed_loop(ctx.warmup, ctx.window, Some(ctl))?;
             per[k].add_noise(mark.since(server));
@@ -792,6 +864,7 @@ fn acceptance(
     } else {
         median(&round_ratios)
     };
+    let pace = Pace::of(single, &best);
     Acceptance {
         best_fixed,
         best_fixed_mrps,
@@ -809,6 +882,7 @@ fn acceptance(
         b1_reaches_4_mrps: b1_mrps >= 4.0,
         pairs_best,
         pairs_best_mrps,
+        pace,
     }
 }
 

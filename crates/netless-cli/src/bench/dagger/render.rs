@@ -34,6 +34,7 @@ pub(super) fn print_throughput(title: &str, rows: &[ThroughputRow]) {
                 times(r.vs_b1),
                 format!("{}/{}", r.client_preemptions, r.server_preemptions),
                 format!("{:.0}", r.steal_ms),
+                r.lone_call_us.map_or("-".into(), fmt_us),
             ]
         })
         .collect();
@@ -46,10 +47,14 @@ pub(super) fn print_throughput(title: &str, rows: &[ThroughputRow]) {
         "vs B=1",
         "preempted c/s",
         "steal ms",
+        "lone call µs",
     ]);
     println!();
     println!("{title}");
     println!("{}", aligned_table(&header, &body));
+    if rows.iter().any(|r| r.lone_call_us.is_some()) {
+        println!("  lone call µs: the median round trip of one call alone, timed before each window (the host's pace: mostly cache-line transfers between the two cores); median over the rounds");
+    }
 }
 
 /// Prints the latency sweep as one line per offered load, the settings side by side.
@@ -172,6 +177,19 @@ pub(super) fn print_acceptance(a: &Acceptance) {
         "  two client threads: best {} {:.2} Mrps",
         a.pairs_best, a.pairs_best_mrps
     );
+    if let Some(p) = &a.pace {
+        println!(
+            "  host pace (context): a lone call took {}–{} µs (median {}) before the windows; in windows at or under that median {} {:.2} Mrps and B=1 {:.2}, over it {:.2} and {:.2}",
+            fmt_us(p.lone_call_us_min),
+            fmt_us(p.lone_call_us_max),
+            fmt_us(p.lone_call_us_median),
+            a.best,
+            p.best_quick_mrps,
+            p.b1_quick_mrps,
+            p.best_slow_mrps,
+            p.b1_slow_mrps,
+        );
+    }
 }
 
 /// Draws p50 (left) and p99 (right) latency against offered load per setting, log scale,
