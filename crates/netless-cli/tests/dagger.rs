@@ -177,6 +177,21 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
             && f(pace, "lone_call_us_median") <= f(pace, "lone_call_us_max"),
         "{text}"
     );
+    // Split only when the paces differ: then every window of a setting is on one side, and
+    // a side has a figure exactly when it has windows.
+    if !pace["split"].is_null() {
+        let split = &pace["split"];
+        for who in ["best", "b1"] {
+            let mut windows = 0;
+            for side in ["quick", "slow"] {
+                let n = split[format!("{who}_{side}_windows")].as_u64().unwrap();
+                let mrps = &split[format!("{who}_{side}_mrps")];
+                assert_eq!(n > 0, mrps.as_f64().is_some_and(|m| m > 0.0), "{text}");
+                windows += n;
+            }
+            assert_eq!(windows, 1, "one round with --quick: {text}");
+        }
+    }
 
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg"), "not an SVG");

@@ -279,12 +279,16 @@ impl Driver {
         Ok(())
     }
 
-    /// The host's pace: the median round trip, ns, of `calls` lone calls (each submitted,
-    /// published at once and waited for with nothing else in flight). It is mostly a few
-    /// cache-line transfers between the two cores, and on a shared host their cost moves
-    /// several-fold from minute to minute (the other guests, where the hypervisor runs our
-    /// two vCPUs); every throughput figure moves with it. Call it with nothing in flight.
+    /// The host's pace (see the module docs of `bench dagger`): the median round trip, ns, of
+    /// `calls` lone calls, each published at once and waited for with nothing else in flight.
     pub fn lone_call_ns(&mut self, calls: u32) -> anyhow::Result<u64> {
+        if self.pipe.in_flight() != 0 {
+            // A reply to an earlier call would end a lone call's wait early.
+            bail!(
+                "{} calls in flight: lone calls are timed alone",
+                self.pipe.in_flight()
+            );
+        }
         let limit = DRAIN_LIMIT.as_nanos() as u64;
         let mut times = Vec::with_capacity(calls as usize);
         for _ in 0..calls {

@@ -32,8 +32,9 @@
 //! Neither says how fast the two cores pass cache lines to each other, which on a shared
 //! host moves several-fold from minute to minute (where the hypervisor runs the two vCPUs,
 //! what the other guests do) and which every figure here follows. So before each window of
-//! the single-client sweep the client times a few hundred lone calls (nothing else in
-//! flight) and the table reports their median round trip; the acceptance block splits the
+//! the single-client sweep the client times 500 lone calls (one at a time, nothing else in
+//! flight, under B=1 whatever the window's setting) and the table reports their median
+//! round trip; when the windows' paces differ enough, the acceptance block splits the
 //! windows by it, as context for the medians.
 
 mod load;
@@ -93,6 +94,9 @@ const BEYOND_PEAK: f64 = 1.15;
 const LOW_LOAD: f64 = 0.10;
 /// Lone calls timed before each window of the single-client sweep (the host's pace).
 const LONE_CALLS: u32 = 500;
+/// The pace split is printed only when the windows' lone calls differ by this factor at
+/// least; below it the halves differ by noise, not by pace.
+const PACE_SPREAD: f64 = 1.3;
 
 /// `netless bench dagger`.
 #[derive(clap::Args, Debug)]
@@ -253,9 +257,10 @@ struct ThroughputRow {
     max_mrps: f64,
     /// Each round's throughput, in the order run.
     round_mrps: Vec<f64>,
-    /// The host's pace (single client only): the median round trip of a lone call timed
+    /// The host's pace (single client only): the median round trip of the lone calls timed
     /// just before each window ([`Driver::lone_call_ns`]), µs; its median over the rounds.
     lone_call_us: Option<f64>,
+    /// Each round's, in the order run.
     round_lone_call_us: Vec<f64>,
     /// Replies counted over all rounds.
     calls: u64,
@@ -338,24 +343,34 @@ struct Acceptance {
     /// The two-client sweep's best setting and median throughput.
     pairs_best: String,
     pairs_best_mrps: f64,
-    /// Context for the figures above, not a figure of the issue.
+    /// Context only; not an acceptance criterion.
     pace: Option<Pace>,
 }
 
-/// How the host's pace moved the single-client throughput: each window of the sweep split
-/// by whether the lone call timed just before it took at most the median over all windows
-/// (a quick host) or more (a slow one).
+/// How the host's pace moved the single-client throughput.
 #[derive(Clone, Debug, Serialize)]
 struct Pace {
+    /// The windows' lone-call medians (one per window of the sweep): least, median, most.
     lone_call_us_min: f64,
     lone_call_us_median: f64,
     lone_call_us_max: f64,
-    /// The best setting's median throughput in the quick and in the slow windows, Mrps.
-    best_quick_mrps: f64,
-    best_slow_mrps: f64,
-    /// B=1's.
-    b1_quick_mrps: f64,
-    b1_slow_mrps: f64,
+    /// Only when the most is at least `PACE_SPREAD` times the least: the windows split at
+    /// the median lone call into quick (at most it) and slow ones.
+    split: Option<PaceSplit>,
+}
+
+/// Median throughput (Mrps) and windows on each side of the pace split; `None` for a side
+/// with no window of that setting.
+#[derive(Clone, Debug, Serialize)]
+struct PaceSplit {
+    best_quick_mrps: Option<f64>,
+    best_slow_mrps: Option<f64>,
+    best_quick_windows: usize,
+    best_slow_windows: usize,
+    b1_quick_mrps: Option<f64>,
+    b1_slow_mrps: Option<f64>,
+    b1_quick_windows: usize,
+    b1_slow_windows: usize,
 }
 
 impl Pace {
@@ -368,27 +383,42 @@ impl Pace {
             return None;
         }
         let threshold = median(&all);
-        // (quick, slow) medians of one setting's windows.
-        let split = |setting: &str| {
-            let Some(r) = single.iter().find(|r| r.setting == setting) else {
-                return (0.0, 0.0);
-            };
-            let pairs = r.round_mrps.iter().zip(&r.round_lone_call_us);
-            let (quick, slow): (Vec<_>, Vec<_>) = pairs.partition(|(_, us)| **us <= threshold);
-            let rates =
-                |v: Vec<(&f64, &f64)>| median(&v.iter().map(|(m, _)| **m).collect::<Vec<_>>());
-            (rates(quick), rates(slow))
+        let least = all.iter().copied().fold(f64::INFINITY, f64::min);
+        let most = all.iter().copied().fold(0.0, f64::max);
+        // One setting's windows: (quick median, quick windows, slow median, slow windows).
+        let side = |setting: &str| {
+            let (mut quick, mut slow) = (Vec::new(), Vec::new());
+            if let Some(r) = single.iter().find(|r| r.setting == setting) {
+                for (&mrps, &us) in r.round_mrps.iter().zip(&r.round_lone_call_us) {
+                    if us <= threshold {
+                        quick.push(mrps);
+                    } else {
+                        slow.push(mrps);
+                    }
+                }
+            }
+            let of = |v: &[f64]| (!v.is_empty()).then(|| median(v));
+            (of(&quick), quick.len(), of(&slow), slow.len())
         };
-        let (best_quick_mrps, best_slow_mrps) = split(best);
-        let (b1_quick_mrps, b1_slow_mrps) = split(&Setting::Fixed(1).label());
+        let split = (most >= PACE_SPREAD * least).then(|| {
+            let best = side(best);
+            let b1 = side(&Setting::Fixed(1).label());
+            PaceSplit {
+                best_quick_mrps: best.0,
+                best_quick_windows: best.1,
+                best_slow_mrps: best.2,
+                best_slow_windows: best.3,
+                b1_quick_mrps: b1.0,
+                b1_quick_windows: b1.1,
+                b1_slow_mrps: b1.2,
+                b1_slow_windows: b1.3,
+            }
+        });
         Some(Pace {
-            lone_call_us_min: all.iter().copied().fold(f64::INFINITY, f64::min),
+            lone_call_us_min: least,
             lone_call_us_median: threshold,
-            lone_call_us_max: all.iter().copied().fold(0.0, f64::max),
-            best_quick_mrps,
-            best_slow_mrps,
-            b1_quick_mrps,
-            b1_slow_mrps,
+            lone_call_us_max: most,
+            split,
         })
     }
 }
@@ -601,9 +631,12 @@ fn throughput_single(
         .collect();
     for round in 0..ctx.rounds {
         for k in order(round, THROUGHPUT_SETTINGS.len()) {
-            THROUGHPUT_SETTINGS[k].apply(ctl)?;
+            // The pace under one setting for every window: a fixed batch's lone call would
+            // also take (and prefetch) a whole batch's run.
+            Setting::Fixed(1).apply(ctl)?;
             let lone = driver.lone_call_ns(LONE_CALLS)?;
             per[k].lone_us.push(lone as f64 / 1e3);
+            THROUGHPUT_SETTINGS[k].apply(ctl)?;
             let mark = noise::Mark::now(server);
             let c = driver.closed_loop(ctx.warmup, ctx.window, Some(ctl))?;
             per[k].add_noise(mark.since(server));

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::super::report::{aligned_table, fmt_us};
-use super::{Acceptance, LatencyRow, Setting, ThroughputRow, BEYOND_PEAK};
+use super::{Acceptance, LatencyRow, Setting, ThroughputRow, BEYOND_PEAK, PACE_SPREAD};
 
 fn strings(xs: &[&str]) -> Vec<String> {
     xs.iter().map(|s| s.to_string()).collect()
@@ -22,10 +22,11 @@ fn times(x: f64) -> String {
 
 /// Prints a throughput sweep: median, range, batch sizes, ratio to B=1.
 pub(super) fn print_throughput(title: &str, rows: &[ThroughputRow]) {
+    let paced = rows.iter().any(|r| r.lone_call_us.is_some());
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
+            let mut row = vec![
                 r.setting.clone(),
                 format!("{:.2}", r.median_mrps),
                 format!("{:.2}–{:.2}", r.min_mrps, r.max_mrps),
@@ -34,11 +35,14 @@ pub(super) fn print_throughput(title: &str, rows: &[ThroughputRow]) {
                 times(r.vs_b1),
                 format!("{}/{}", r.client_preemptions, r.server_preemptions),
                 format!("{:.0}", r.steal_ms),
-                r.lone_call_us.map_or("-".into(), fmt_us),
-            ]
+            ];
+            if paced {
+                row.push(r.lone_call_us.map_or("-".into(), fmt_us));
+            }
+            row
         })
         .collect();
-    let header = strings(&[
+    let mut header = strings(&[
         "setting",
         "Mrps (median)",
         "min–max",
@@ -47,13 +51,15 @@ pub(super) fn print_throughput(title: &str, rows: &[ThroughputRow]) {
         "vs B=1",
         "preempted c/s",
         "steal ms",
-        "lone call µs",
     ]);
+    if paced {
+        header.push("lone call µs".into());
+    }
     println!();
     println!("{title}");
     println!("{}", aligned_table(&header, &body));
-    if rows.iter().any(|r| r.lone_call_us.is_some()) {
-        println!("  lone call µs: the median round trip of one call alone, timed before each window (the host's pace: mostly cache-line transfers between the two cores); median over the rounds");
+    if paced {
+        println!("  lone call µs: the host's pace, the median round trip of 500 calls sent one at a time before each window; median over the rounds");
     }
 }
 
@@ -177,19 +183,30 @@ pub(super) fn print_acceptance(a: &Acceptance) {
         "  two client threads: best {} {:.2} Mrps",
         a.pairs_best, a.pairs_best_mrps
     );
-    if let Some(p) = &a.pace {
-        println!(
-            "  host pace (context): a lone call took {}–{} µs (median {}) before the windows; in windows at or under that median {} {:.2} Mrps and B=1 {:.2}, over it {:.2} and {:.2}",
-            fmt_us(p.lone_call_us_min),
-            fmt_us(p.lone_call_us_max),
-            fmt_us(p.lone_call_us_median),
-            a.best,
-            p.best_quick_mrps,
-            p.b1_quick_mrps,
-            p.best_slow_mrps,
-            p.b1_slow_mrps,
-        );
-    }
+    let Some(p) = &a.pace else { return };
+    println!(
+        "  host pace (context only): the windows' lone-call medians ranged {}–{} µs (median {})",
+        fmt_us(p.lone_call_us_min),
+        fmt_us(p.lone_call_us_max),
+        fmt_us(p.lone_call_us_median),
+    );
+    let Some(s) = &p.split else {
+        println!("    one pace throughout (less than {PACE_SPREAD}× apart): not split");
+        return;
+    };
+    let mrps = |m: Option<f64>, n: usize| match m {
+        Some(m) => format!("{m:.2} Mrps ({n} windows)"),
+        None => "-".into(),
+    };
+    println!(
+        "    windows at or under the median: {} {}, B=1 {}; over it: {} {}, B=1 {}",
+        a.best,
+        mrps(s.best_quick_mrps, s.best_quick_windows),
+        mrps(s.b1_quick_mrps, s.b1_quick_windows),
+        a.best,
+        mrps(s.best_slow_mrps, s.best_slow_windows),
+        mrps(s.b1_slow_mrps, s.b1_slow_windows),
+    );
 }
 
 /// Draws p50 (left) and p99 (right) latency against offered load per setting, log scale,
