@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::super::report::{aligned_table, fmt_us};
-use super::{Acceptance, LatencyRow, Setting, ThroughputRow, BEYOND_PEAK, PACE_SPREAD};
+use super::{Acceptance, LatencyRow, Setting, ThroughputRow, BEYOND_PEAK, LONE_CALLS, PACE_SPREAD};
 
 fn strings(xs: &[&str]) -> Vec<String> {
     xs.iter().map(|s| s.to_string()).collect()
@@ -59,7 +59,7 @@ pub(super) fn print_throughput(title: &str, rows: &[ThroughputRow]) {
     println!("{title}");
     println!("{}", aligned_table(&header, &body));
     if paced {
-        println!("  lone call µs: the host's pace, the median round trip of 500 calls sent one at a time before each window; median over the rounds");
+        println!("  lone call µs: the host's pace, the median round trip of {LONE_CALLS} calls sent one at a time before each window; median over the rounds");
     }
 }
 
