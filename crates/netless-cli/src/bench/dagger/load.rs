@@ -281,7 +281,7 @@ impl Driver {
 
     /// The host's pace (see the module docs of `bench dagger`): the median round trip, ns, of
     /// `calls` lone calls, each published at once and waited for with nothing else in flight.
-    pub fn lone_call_ns(&mut self, calls: u32) -> anyhow::Result<u64> {
+    pub fn lone_call_ns(&mut self, calls: u32) -> anyhow::Result<f64> {
         if self.pipe.in_flight() != 0 {
             // A reply to an earlier call would end a lone call's wait early.
             bail!(
@@ -302,10 +302,9 @@ impl Driver {
                     bail!("a lone call was not answered within {DRAIN_LIMIT:?}");
                 }
             }
-            times.push(self.watch.elapsed_ns(start));
+            times.push(self.watch.elapsed_ns(start) as f64);
         }
-        times.sort_unstable();
-        Ok(times.get(times.len() / 2).copied().unwrap_or(0))
+        Ok(super::median(&times))
     }
 
     /// Closed loop: keeps the window full for `warmup`, then counts the replies of the next

@@ -635,7 +635,7 @@ fn throughput_single(
             // also take (and prefetch) a whole batch's run.
             Setting::Fixed(1).apply(ctl)?;
             let lone = driver.lone_call_ns(LONE_CALLS)?;
-            per[k].lone_us.push(lone as f64 / 1e3);
+            per[k].lone_us.push(lone / 1e3);
             THROUGHPUT_SETTINGS[k].apply(ctl)?;
             let mark = noise::Mark::now(server);
             let c = driver.closed_loop(ctx.warmup, ctx.window, Some(ctl))?;
