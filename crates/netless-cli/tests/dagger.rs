@@ -169,7 +169,21 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
     let acceptance = &v["acceptance"];
     assert!(f(acceptance, "best_mrps") > 0.0, "{text}");
     assert!(f(acceptance, "adaptive_over_best_fixed") > 0.0, "{text}");
-    assert!(acceptance["low_load"].as_array().is_some(), "{text}");
+    // The 5% load is ≤ 10% of the peak: judged by the median of the rounds' paired ratios,
+    // which with one round is that round's ratio, the same as the pooled one.
+    let low_load = acceptance["low_load"].as_array().unwrap();
+    assert_eq!(low_load.len(), 1, "{text}");
+    for l in low_load {
+        let rounds = l["round_ratios"].as_array().unwrap();
+        assert_eq!(rounds.len(), 1, "{l}");
+        assert!(f(l, "adaptive_over_b1") > 0.0, "{l}");
+        assert_eq!(f(l, "adaptive_over_b1"), rounds[0].as_f64().unwrap(), "{l}");
+        assert_eq!(
+            f(l, "adaptive_over_b1"),
+            f(l, "adaptive_over_b1_pooled"),
+            "{l}"
+        );
+    }
     let pace = &acceptance["pace"];
     assert!(
         f(pace, "lone_call_us_min") > 0.0
