@@ -85,6 +85,7 @@ fn start(dir: &TestDir, service: &str) -> Child {
     let mut child = spawn_role("pipeline_child_entry", "server", dir.path(), service);
     let mut out = BufReader::new(child.stdout.take().unwrap());
     wait_for_line(&mut out, "READY");
+    drain_in_background(out);
     child
 }
 

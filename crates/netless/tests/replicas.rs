@@ -63,6 +63,7 @@ fn start(role: &str, dir: &TestDir, service: &str) -> Child {
     let mut child = spawn_role("replicas_child_entry", role, dir.path(), service);
     let mut out = BufReader::new(child.stdout.take().unwrap());
     wait_for_line(&mut out, "READY");
+    drain_in_background(out);
     child
 }
 

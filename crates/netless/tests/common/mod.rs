@@ -144,6 +144,16 @@ pub fn wait_for_line(stdout: &mut BufReader<ChildStdout>, marker: &str) {
     }
 }
 
+/// Reads the rest of the child's stdout on a thread until it exits, for a caller done with
+/// it: a child whose stdout is closed would fail its harness's last lines with EPIPE (and
+/// print "io error when listing tests" into the parent's output).
+pub fn drain_in_background(stdout: BufReader<ChildStdout>) {
+    std::thread::spawn(move || {
+        let mut stdout = stdout;
+        let _ = std::io::copy(&mut stdout, &mut std::io::sink());
+    });
+}
+
 /// The role this process was spawned for, if any.
 pub fn role() -> Option<(String, PathBuf, String)> {
     let role = std::env::var(ROLE).ok()?;
