@@ -876,9 +876,10 @@ fn acceptance(
             } else {
                 0.0
             };
-            // Round by round, as for the peak: both settings ran back to back at this load
-            // in every round (the lowest loads are never skipped), so a drift of the host's
-            // pace between rounds cancels instead of landing on one setting.
+            // Round by round, as for the peak: the two settings ran back to back at this
+            // load in each round (a setting runs at a load in every round or in none, so
+            // equal counts pair up), and a drift of the host's pace between rounds cancels
+            // instead of landing on one setting.
             let round_ratios: Vec<f64> = if adaptive.round_p50_us.len() == b1.round_p50_us.len() {
                 adaptive
                     .round_p50_us
