@@ -207,6 +207,23 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
         }
     }
 
+    // The stats reader read while its windows ran, and its ratio is the one round's.
+    let reader = &v["stats_reader"];
+    assert!(reader["reads"].as_u64().unwrap() > 0, "{reader}");
+    assert!(
+        reader["setting"].as_str().unwrap().starts_with("B="),
+        "{reader}"
+    );
+    let rounds = reader["round_ratios"].as_array().unwrap();
+    assert_eq!(rounds.len(), 1, "{reader}");
+    assert!(f(reader, "with_over_without") > 0.0, "{reader}");
+    assert_eq!(
+        f(reader, "with_over_without"),
+        rounds[0].as_f64().unwrap(),
+        "{reader}"
+    );
+    assert!(report.contains("stats read every"), "{report}");
+
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg"), "not an SVG");
     assert!(svg.contains("p50") && svg.contains("B=4") && svg.contains("adaptive(32)"));

@@ -36,6 +36,10 @@
 //! flight, under B=1 whatever the window's setting) and the table reports their median
 //! round trip; when the windows' paces differ enough, the acceptance block splits the
 //! windows by it, as context for the medians.
+//!
+//! Last in the single-client part, "reading stats never slows the data path": the best
+//! fixed setting's closed loop with and without a thread of this process reading the
+//! replica's stats every millisecond, the two interleaved round by round.
 
 mod load;
 mod noise;
@@ -44,6 +48,7 @@ mod render;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -97,6 +102,9 @@ const LONE_CALLS: u32 = 500;
 /// The pace split is printed only when the windows' lone calls differ by this factor at
 /// least; below it the halves differ by noise, not by pace.
 const PACE_SPREAD: f64 = 1.3;
+/// How often the stats reader of the reader comparison reads the replica's stats: a
+/// thousand times what `netless stat` does.
+const READER_PERIOD: Duration = Duration::from_millis(1);
 
 /// `netless bench dagger`.
 #[derive(clap::Args, Debug)]
@@ -466,6 +474,22 @@ struct Doc<'a> {
     throughput: &'a [ThroughputRow],
     latency: &'a [LatencyRow],
     acceptance: &'a Acceptance,
+    stats_reader: &'a StatsReader,
+}
+
+/// The best fixed setting's closed loop with a stats reader running and without.
+#[derive(Clone, Debug, Serialize)]
+struct StatsReader {
+    setting: String,
+    /// Between two reads, µs.
+    period_us: u64,
+    /// Reads made over all the windows with the reader.
+    reads: u64,
+    without_mrps: f64,
+    with_mrps: f64,
+    /// with / without: the median of the rounds' ratios.
+    with_over_without: f64,
+    round_ratios: Vec<f64>,
 }
 
 // ----------------------------------------------------------------------------------------
@@ -653,6 +677,79 @@ fn throughput_single(
         }
     }
     Ok(throughput_rows("single", 1, &per))
+}
+
+/// Reading stats while the data path runs: the best fixed setting's closed loop with a
+/// thread reading the replica's stats every [`READER_PERIOD`] (from shared memory, as
+/// `netless stat` does) and without, interleaved round by round.
+fn stats_reader(
+    ctx: &Ctx,
+    ctl: &Client,
+    driver: &mut Driver,
+    single: &[ThroughputRow],
+) -> anyhow::Result<StatsReader> {
+    let best = THROUGHPUT_SETTINGS
+        .into_iter()
+        .filter(|s| s.mode() == "fixed")
+        .max_by(|a, b| {
+            let mrps = |s: &Setting| {
+                single
+                    .iter()
+                    .find(|r| r.setting == s.label())
+                    .map_or(0.0, |r| r.median_mrps)
+            };
+            mrps(a).total_cmp(&mrps(b))
+        })
+        .expect("fixed settings exist");
+    best.apply(ctl)?;
+    let reader = ctx.control(SERVICE)?;
+    let (mut with, mut without, mut reads) = (Vec::new(), Vec::new(), 0u64);
+    for round in 0..ctx.rounds {
+        for k in order(round, 2) {
+            let reading = k == 1;
+            let stop = AtomicBool::new(false);
+            let c = std::thread::scope(|s| {
+                let handle = reading.then(|| {
+                    s.spawn(|| {
+                        let mut n = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            std::hint::black_box(reader.replica_stats());
+                            n += 1;
+                            std::thread::sleep(READER_PERIOD);
+                        }
+                        n
+                    })
+                });
+                let c = driver.closed_loop(ctx.warmup, ctx.window, Some(ctl));
+                stop.store(true, Ordering::Relaxed);
+                if let Some(h) = handle {
+                    reads += h.join().expect("the stats reader does not panic");
+                }
+                c
+            })?;
+            if reading { &mut with } else { &mut without }.push(c.rate() / 1e6);
+            ctx.bar.inc(1);
+        }
+    }
+    let round_ratios: Vec<f64> = with
+        .iter()
+        .zip(&without)
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(a, b)| a / b)
+        .collect();
+    Ok(StatsReader {
+        setting: best.label(),
+        period_us: READER_PERIOD.as_micros() as u64,
+        reads,
+        without_mrps: median(&without),
+        with_mrps: median(&with),
+        with_over_without: if round_ratios.is_empty() {
+            0.0
+        } else {
+            median(&round_ratios)
+        },
+        round_ratios,
+    })
 }
 
 /// The same sweep with two client threads, each with its own pipeline, and two workers;
@@ -1004,6 +1101,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let settings = THROUGHPUT_SETTINGS.len() as u64;
     let windows = 2 * u64::from(rounds) * settings
+        + 2 * u64::from(rounds)
         + loads.len() as u64 * u64::from(latency_rounds) * LATENCY_SETTINGS.len() as u64;
     let bar = indicatif::ProgressBar::new(windows).with_message("bench dagger");
     bar.set_style(
@@ -1043,6 +1141,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("no setting completed a call: nothing to offer a load against");
     }
     let latency = latency_sweep(&ctx, (&ctl, server.id()), &mut driver, &single, peak)?;
+    let reader = stats_reader(&ctx, &ctl, &mut driver, &single)?;
     drop(driver);
     drop(ctl);
     drop(server);
@@ -1085,6 +1184,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &pairs,
     );
     render::print_acceptance(&acceptance);
+    render::print_stats_reader(&reader);
     let elapsed = started.elapsed();
     println!("\nran in {:.1} s", elapsed.as_secs_f64());
 
@@ -1110,6 +1210,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             throughput: &[single.as_slice(), pairs.as_slice()].concat(),
             latency: &latency,
             acceptance: &acceptance,
+            stats_reader: &reader,
         };
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

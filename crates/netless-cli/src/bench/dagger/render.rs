@@ -5,7 +5,10 @@
 use std::path::Path;
 
 use super::super::report::{aligned_table, fmt_us};
-use super::{Acceptance, LatencyRow, Setting, ThroughputRow, BEYOND_PEAK, LONE_CALLS, PACE_SPREAD};
+use super::{
+    Acceptance, LatencyRow, Setting, StatsReader, ThroughputRow, BEYOND_PEAK, LONE_CALLS,
+    PACE_SPREAD,
+};
 
 fn strings(xs: &[&str]) -> Vec<String> {
     xs.iter().map(|s| s.to_string()).collect()
@@ -138,6 +141,19 @@ pub(super) fn print_latency(
     println!(
         "  * saturated (arrivals left unsent or < 90% achieved); - not run (offered > {BEYOND_PEAK} × the setting's peak). Peaks, Mrps: {}.\n  preempted c/s: involuntary context switches of the client thread / the server; steal ms: CPU time the hypervisor gave other guests (both CPUs); over all windows of the load",
         peaks.join(", ")
+    );
+}
+
+/// Prints the stats reader comparison.
+pub(super) fn print_stats_reader(r: &StatsReader) {
+    println!(
+        "  stats read every {} µs from another thread ({} reads): {} with / without, median of the rounds' ratios: {} ({:.2} / {:.2} Mrps)",
+        r.period_us,
+        r.reads,
+        r.setting,
+        times(r.with_over_without),
+        r.with_mrps,
+        r.without_mrps,
     );
 }
 
