@@ -688,19 +688,13 @@ fn stats_reader(
     driver: &mut Driver,
     single: &[ThroughputRow],
 ) -> anyhow::Result<StatsReader> {
-    let best = THROUGHPUT_SETTINGS
-        .into_iter()
-        .filter(|s| s.mode() == "fixed")
-        .max_by(|a, b| {
-            let mrps = |s: &Setting| {
-                single
-                    .iter()
-                    .find(|r| r.setting == s.label())
-                    .map_or(0.0, |r| r.median_mrps)
-            };
-            mrps(a).total_cmp(&mrps(b))
+    let best = best_row(single, true)
+        .and_then(|row| {
+            THROUGHPUT_SETTINGS
+                .into_iter()
+                .find(|s| s.label() == row.setting)
         })
-        .expect("fixed settings exist");
+        .context("no fixed setting was measured")?;
     best.apply(ctl)?;
     let reader = ctx.control(SERVICE)?;
     let (mut with, mut without, mut reads) = (Vec::new(), Vec::new(), 0u64);
@@ -928,6 +922,13 @@ fn latency_sweep(
     Ok(rows)
 }
 
+/// The row of the highest median throughput (among the fixed settings only, if asked).
+fn best_row(rows: &[ThroughputRow], fixed_only: bool) -> Option<&ThroughputRow> {
+    rows.iter()
+        .filter(|r| !fixed_only || r.batch_mode == "fixed")
+        .max_by(|a, b| a.median_mrps.total_cmp(&b.median_mrps))
+}
+
 fn acceptance(
     single: &[ThroughputRow],
     pairs: &[ThroughputRow],
@@ -938,11 +939,6 @@ fn acceptance(
             .find(|r| r.setting == s.label())
             .map_or(0.0, |r| r.median_mrps)
     };
-    fn best_row(rows: &[ThroughputRow], fixed_only: bool) -> Option<&ThroughputRow> {
-        rows.iter()
-            .filter(|r| !fixed_only || r.batch_mode == "fixed")
-            .max_by(|a, b| a.median_mrps.total_cmp(&b.median_mrps))
-    }
     let best_of = |rows: &[ThroughputRow], fixed_only: bool| {
         best_row(rows, fixed_only)
             .map_or((String::new(), 0.0), |r| (r.setting.clone(), r.median_mrps))
