@@ -597,6 +597,25 @@ fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// Round by round `num / den`, for two settings measured side by side in each round (a
+/// round whose `den` is 0 is left out).
+fn paired_ratios(num: &[f64], den: &[f64]) -> Vec<f64> {
+    num.iter()
+        .zip(den)
+        .filter(|(_, d)| **d > 0.0)
+        .map(|(n, d)| n / d)
+        .collect()
+}
+
+/// The median of `ratios`, or `otherwise` when there is none.
+fn median_or(ratios: &[f64], otherwise: f64) -> f64 {
+    if ratios.is_empty() {
+        otherwise
+    } else {
+        median(ratios)
+    }
+}
+
 /// One setting's rounds of a throughput sweep.
 #[derive(Default)]
 struct Rounds {
@@ -725,23 +744,14 @@ fn stats_reader(
             ctx.bar.inc(1);
         }
     }
-    let round_ratios: Vec<f64> = with
-        .iter()
-        .zip(&without)
-        .filter(|(_, b)| **b > 0.0)
-        .map(|(a, b)| a / b)
-        .collect();
+    let round_ratios = paired_ratios(&with, &without);
     Ok(StatsReader {
         setting: best.label(),
         period_us: READER_PERIOD.as_micros() as u64,
         reads,
         without_mrps: median(&without),
         with_mrps: median(&with),
-        with_over_without: if round_ratios.is_empty() {
-            0.0
-        } else {
-            median(&round_ratios)
-        },
+        with_over_without: median_or(&round_ratios, 0.0),
         round_ratios,
     })
 }
@@ -973,14 +983,8 @@ fn acceptance(
             // load in each round (a setting runs at a load in every round or in none, so
             // equal counts pair up), and a drift of the host's pace between rounds cancels
             // instead of landing on one setting.
-            let round_ratios: Vec<f64> = if adaptive.round_p50_us.len() == b1.round_p50_us.len() {
-                adaptive
-                    .round_p50_us
-                    .iter()
-                    .zip(&b1.round_p50_us)
-                    .filter(|(_, b)| **b > 0.0)
-                    .map(|(a, b)| a / b)
-                    .collect()
+            let round_ratios = if adaptive.round_p50_us.len() == b1.round_p50_us.len() {
+                paired_ratios(&adaptive.round_p50_us, &b1.round_p50_us)
             } else {
                 Vec::new()
             };
@@ -988,11 +992,7 @@ fn acceptance(
                 load_fraction: f,
                 b1_p50_us: b1.p50_us,
                 adaptive_p50_us: adaptive.p50_us,
-                adaptive_over_b1: if round_ratios.is_empty() {
-                    pooled
-                } else {
-                    median(&round_ratios)
-                },
+                adaptive_over_b1: median_or(&round_ratios, pooled),
                 adaptive_over_b1_pooled: pooled,
                 round_ratios,
             })
@@ -1007,21 +1007,11 @@ fn acceptance(
     let adaptive_row = single
         .iter()
         .find(|r| r.setting == Setting::Adaptive(ADAPTIVE_MAX).label());
-    let round_ratios: Vec<f64> = match (adaptive_row, best_row(single, true)) {
-        (Some(a), Some(b)) => a
-            .round_mrps
-            .iter()
-            .zip(&b.round_mrps)
-            .filter(|(_, b)| **b > 0.0)
-            .map(|(a, b)| a / b)
-            .collect(),
+    let round_ratios = match (adaptive_row, best_row(single, true)) {
+        (Some(a), Some(b)) => paired_ratios(&a.round_mrps, &b.round_mrps),
         _ => Vec::new(),
     };
-    let adaptive_over_best_fixed = if round_ratios.is_empty() {
-        adaptive_over_best_fixed_medians
-    } else {
-        median(&round_ratios)
-    };
+    let adaptive_over_best_fixed = median_or(&round_ratios, adaptive_over_best_fixed_medians);
     let pace = Pace::of(single, &best);
     Acceptance {
         best_fixed,
