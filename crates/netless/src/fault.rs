@@ -4,7 +4,8 @@
 
 use crate::client::Client;
 use crate::layout::{
-    block_state, kind, wire_flags, CompactHeader, WireHeader, COMPACT_HEADER_LEN, HEADER_LEN,
+    block_state, compact_flags, kind, wire_flags, CompactHeader, WireHeader, COMPACT_HEADER_LEN,
+    HEADER_LEN,
 };
 use crate::sync::Ordering;
 
@@ -25,6 +26,9 @@ pub enum ClientFault {
     BadKind,
     /// A compact batch whose second request claims a body that runs past the batch's blocks.
     BadCompactBatch,
+    /// A compact batch whose second request says it repeats the first's method and names
+    /// one too.
+    BadSameMethod,
     /// The published consumer head rewound to 0, so the queue looks as deep as every
     /// request ever sent (clients then refuse to call under an SLO), and no doorbell rung.
     StaleHead,
@@ -75,15 +79,24 @@ pub fn inject(client: &Client, fault: ClientFault) {
         }
         ClientFault::BadKind => header.kind = 77,
         ClientFault::ForeignBlocks => {}
-        ClientFault::BadCompactBatch => {
+        ClientFault::BadCompactBatch | ClientFault::BadSameMethod => {
             let start = shared.claim_for_fault(2).expect("two blocks");
             header.nblocks = 2;
             header.reserved[0] = wire_flags::BATCH_MORE | wire_flags::BATCH_COMPACT;
-            let second = CompactHeader {
-                call_id: 0xdead_0000_0002,
-                body_len: 4096,
-                method_len: 4,
-                flags: 0,
+            let second = if fault == ClientFault::BadCompactBatch {
+                CompactHeader {
+                    call_id: 0xdead_0000_0002,
+                    body_len: 4096,
+                    method_len: 4,
+                    flags: 0,
+                }
+            } else {
+                CompactHeader {
+                    call_id: 0xdead_0000_0002,
+                    body_len: 8,
+                    method_len: 4,
+                    flags: compact_flags::SAME_METHOD,
+                }
             };
             if let Some(dst) = replica.block_run(start, 2) {
                 // SAFETY: dst is two whole blocks (128 bytes) inside the mapping, ours; the

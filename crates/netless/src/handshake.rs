@@ -19,8 +19,9 @@ const GOODBYE: u8 = 4;
 const GREETING: u8 = 5;
 /// Protocol version carried in `Hello` and `Welcome`. 5: a reply's status may carry
 /// NOT_RUN (bit 15, `status::ReplyCode`), which protocol 4 clients would take for an
-/// unknown code.
-pub(crate) const PROTOCOL_VERSION: u32 = 6;
+/// unknown code. 7: a compact request may repeat the method before it
+/// (`compact_flags::SAME_METHOD`), which protocol 6 servers would read as an empty name.
+pub(crate) const PROTOCOL_VERSION: u32 = 7;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -293,6 +293,10 @@ const _: () = assert!(std::mem::size_of::<CompactHeader>() == COMPACT_HEADER_LEN
 pub mod compact_flags {
     /// Another compact request follows this one in the batch.
     pub const MORE: u16 = 1;
+    /// This request calls the same method as the one before it in the batch, and its body
+    /// holds no method name (`method_len` is 0): most batches repeat one method, so the name
+    /// need not move again (as HTTP/2 indexes a repeated `:path`). Protocol 7 and later.
+    pub const SAME_METHOD: u16 = 2;
 }
 
 impl CompactHeader {

@@ -102,6 +102,9 @@ pub struct Pipeline {
     last_batch: u32,
     /// The call ids of the open batch, in order (kept here, not read back from the run).
     staged_ids: Vec<u64>,
+    /// The method of the last request written: a compact request calling it again carries
+    /// `SAME_METHOD` instead of the name.
+    last_method: String,
     /// Runs kept between batches.
     kept: KeptRuns,
 }
@@ -225,6 +228,7 @@ impl Pipeline {
             batched: 0,
             last_batch: 1,
             staged_ids: Vec::new(),
+            last_method: String::new(),
             kept: KeptRuns::new(n as usize),
         })
     }
@@ -263,9 +267,15 @@ impl Pipeline {
             return Err(shared.death_status());
         }
         let body_len = method.len() + payload.len();
-        // Where a batch's first request takes a full header, the rest take a compact one.
+        // Where a batch's first request takes a full header, the rest take a compact one,
+        // without the method's name when it repeats the request before it.
         let first_need = align16(HEADER_LEN + body_len);
-        let compact_need = align16(COMPACT_HEADER_LEN + body_len);
+        let repeats = self.last_method == method;
+        let compact_need = if repeats {
+            align16(COMPACT_HEADER_LEN + payload.len())
+        } else {
+            align16(COMPACT_HEADER_LEN + body_len)
+        };
         if align64(first_need) > self.max_run_bytes || body_len > shared.server_max_message {
             return Err(Status::invalid_argument(format!(
                 "a pipelined request takes at most {} bytes with its header, this one {first_need}: use Client::call for larger ones",
@@ -337,6 +347,9 @@ impl Pipeline {
         } else {
             compact_need
         };
+        // What the body starts with: no name when a compact request repeats the method.
+        let same_method = staged.count > 0 && repeats;
+        let name: &[u8] = if same_method { &[] } else { method.as_bytes() };
         // SAFETY: the run is ours (OWNED, unpublished) and `used + need` fits in it (checked
         // above or by open_batch); `need` covers the header and the body. The previous
         // request's header lies at `last`, inside the run: the first one a WireHeader, the
@@ -371,19 +384,27 @@ impl Pipeline {
             } else {
                 let header = CompactHeader {
                     call_id,
-                    body_len: body_len as u32,
-                    method_len: method.len() as u16,
-                    flags: 0,
+                    body_len: (name.len() + payload.len()) as u32,
+                    method_len: name.len() as u16,
+                    flags: if same_method {
+                        compact_flags::SAME_METHOD
+                    } else {
+                        0
+                    },
                 };
                 std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, COMPACT_HEADER_LEN);
                 COMPACT_HEADER_LEN
             };
             crate::client::copy_body_range(
-                &[method.as_bytes(), &[], payload],
+                &[name, &[], payload],
                 0,
-                body_len,
+                name.len() + payload.len(),
                 dst.add(header_len),
             );
+        }
+        if !repeats {
+            self.last_method.clear();
+            self.last_method.push_str(method);
         }
         staged.last = staged.used;
         staged.used += need;

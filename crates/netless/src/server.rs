@@ -1349,7 +1349,7 @@ impl ServerShared {
             return served;
         }
         if h.frag_len == h.body_len {
-            return self.dispatch(conn, h, fragment, me, response, release);
+            return self.dispatch(conn, h, fragment, false, me, response, release);
         }
         // A fragment: copy it out, free its blocks at once, dispatch when complete.
         let complete = {
@@ -1394,7 +1394,7 @@ impl ServerShared {
         };
         release();
         match complete {
-            Some(body) => self.dispatch(conn, h, &body, me, response, || {}),
+            Some(body) => self.dispatch(conn, h, &body, false, me, response, || {}),
             None => Ok(()),
         }
     }
@@ -1444,6 +1444,9 @@ impl ServerShared {
         let mut header_len = HEADER_LEN;
         let mut more = first.reserved[0] & wire_flags::BATCH_MORE != 0;
         let compact = first.reserved[0] & wire_flags::BATCH_COMPACT != 0;
+        // The current request calls the method of the one before it (only a compact
+        // request after the first may say so: the first always names its method).
+        let mut same_method = false;
         let mut count = 0u32;
         // Replies inside the batch do not ring the client's doorbell; this rings once after
         // the last (or on an early return).
@@ -1461,7 +1464,7 @@ impl ServerShared {
             // and the run lies inside the mapping.
             let fragment =
                 unsafe { std::slice::from_raw_parts(run.add(body_at), h.frag_len as usize) };
-            self.dispatch(conn, &h, fragment, me, response, || {})?;
+            self.dispatch(conn, &h, fragment, same_method, me, response, || {})?;
             count += 1;
             if !more {
                 break;
@@ -1475,6 +1478,10 @@ impl ServerShared {
                 // SAFETY: offset + COMPACT_HEADER_LEN <= run_len: a whole header in the run.
                 let c = unsafe { CompactHeader::read_from(run.add(offset)) };
                 more = c.flags & compact_flags::MORE != 0;
+                same_method = c.flags & compact_flags::SAME_METHOD != 0;
+                if same_method && c.method_len != 0 {
+                    return Err("a request repeating the method before it names one too");
+                }
                 header_len = COMPACT_HEADER_LEN;
                 h = c.expand(&first);
             } else {
@@ -1493,12 +1500,15 @@ impl ServerShared {
     }
 
     /// Runs the handler on a whole request body, calls `done_with_body` once nothing reads the
-    /// body any more, and sends the response.
+    /// body any more, and sends the response. `same_method`: the body names no method, the
+    /// request calls the one this worker served last (the previous request of its batch).
+    #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
         conn: &Arc<Conn>,
         h: &WireHeader,
         body: &[u8],
+        same_method: bool,
         me: &WorkerSlot,
         response: &mut Scratch,
         done_with_body: impl FnOnce(),
@@ -1509,7 +1519,7 @@ impl ServerShared {
         // change under it. Calls mostly repeat the last method: then the copy we hold is
         // already the one (compared against the shared bytes, never taken from them).
         let mut method = std::mem::take(&mut response.method);
-        if method.as_bytes() != &body[..method_end] {
+        if !same_method && method.as_bytes() != &body[..method_end] {
             let mut bytes = method.into_bytes();
             bytes.clear();
             bytes.extend_from_slice(&body[..method_end]);

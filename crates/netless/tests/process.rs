@@ -91,6 +91,7 @@ fn child_process_entry() {
                 "fault-bad-kind" => ClientFault::BadKind,
                 "fault-stale-head" => ClientFault::StaleHead,
                 "fault-bad-compact-batch" => ClientFault::BadCompactBatch,
+                "fault-bad-same-method" => ClientFault::BadSameMethod,
                 _ => ClientFault::GarbageQueue,
             };
             let client = Client::connect_with(&service, client_config(&dir)).unwrap();
@@ -503,6 +504,7 @@ fn garbage_from_a_client_costs_only_its_connection() {
         "fault-huge-body",
         "fault-bad-kind",
         "fault-bad-compact-batch",
+        "fault-bad-same-method",
     ];
     for role in attributable.iter().chain(["fault-garbage-queue"].iter()) {
         let out = run_child(role, &dir, "test.Garbage");
