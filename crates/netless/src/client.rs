@@ -670,6 +670,45 @@ impl Shared {
         }
     }
 
+    /// Why calls fail once the server's end of the socket is gone.
+    fn hung_up_status(&self) -> Status {
+        Status::unavailable(format!(
+            "service `{}` closed the connection: its server process exited or was killed (socket dir {}); retry when it is back",
+            self.service,
+            self.dir.display()
+        ))
+    }
+
+    /// Checks the socket now instead of waiting for the monitor thread, which a busy machine
+    /// may not have run since the server died: a hung-up socket fails the connection at once.
+    /// True if the connection is gone.
+    pub(crate) fn check_hang_up(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        if self.dead.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut fds = [PollFd::new(&self.socket, PollFlags::IN)];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // Only a hang-up with nothing left to read: a frame still there (a Goodbye, which
+        // says why) is the monitor's to read.
+        let mut byte = [0u8; 1];
+        if poll(&mut fds, Some(&now)).is_ok_and(|n| n > 0)
+            && fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR)
+            && !rustix::net::recv(
+                &self.socket,
+                &mut byte,
+                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+            )
+            .is_ok_and(|(n, _)| n > 0)
+        {
+            self.fail(self.hung_up_status());
+        }
+        self.dead.load(Ordering::Acquire)
+    }
+
     fn monitor(&self, stop: OwnedFd) {
         use rustix::event::{poll, PollFd, PollFlags};
         loop {
@@ -702,11 +741,7 @@ impl Shared {
                     )),
                 },
                 Err(_) if self.dead.load(Ordering::Acquire) => return,
-                Err(_) => Status::unavailable(format!(
-                    "service `{}` closed the connection: its server process exited or was killed (socket dir {}); retry when it is back",
-                    self.service,
-                    self.dir.display()
-                )),
+                Err(_) => self.hung_up_status(),
             };
             self.fail(status);
             return;

@@ -67,7 +67,7 @@ impl Replicas {
             .collect();
         found.sort();
         let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
-        members.retain(|m| !m.client.is_closed());
+        members.retain(|m| !m.client.shared().check_hang_up());
         let mut last_error = None;
         for replica in found {
             if members.iter().any(|m| m.replica == replica) {

@@ -110,9 +110,11 @@ fn nacked_calls_move_to_another_replica_and_dead_ones_are_skipped() {
     // The shorter queue wins: the four-worker replica takes most calls.
     assert!(served[1] > served[0], "{served:?}");
 
-    // Kill the roomy replica: once its connection is seen closed, calls go to the other.
+    // Kill the roomy replica: a refresh drops it at once (it checks the sockets itself
+    // rather than wait for the monitor threads), and calls go to the other.
     sigkill(&roomy);
     roomy.wait().unwrap();
+    assert_eq!(replicas.refresh().unwrap(), 1);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut ok_after = 0;
     while ok_after < 5 {
