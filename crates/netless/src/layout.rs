@@ -154,7 +154,8 @@ pub struct WorkerStats {
     pub calls: AtomicU64,
     /// Requests answered with a status other than OK.
     pub errors: AtomicU64,
-    /// Request bytes (method, metadata and payload) received.
+    /// Request bytes (method, metadata and payload) received; a compact request repeating
+    /// the method before it sends, and counts, no name.
     pub bytes_in: AtomicU64,
     /// Response bytes (metadata and payload) sent.
     pub bytes_out: AtomicU64,

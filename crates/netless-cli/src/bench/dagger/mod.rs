@@ -99,6 +99,21 @@ const BEYOND_PEAK: f64 = 1.15;
 const LOW_LOAD: f64 = 0.10;
 /// Lone calls timed before each window of the single-client sweep (the host's pace).
 const LONE_CALLS: u32 = 500;
+
+/// Whether `fraction` of the peak counts as low load ([`LOW_LOAD`]).
+fn is_low_load(fraction: f64) -> bool {
+    fraction <= LOW_LOAD + 1e-9
+}
+
+/// Rounds of the latency point at `fraction` of the peak: more at low load, whose paired
+/// ratios decide an acceptance figure and move with the host's pace round by round.
+fn rounds_at(fraction: f64, latency_rounds: u32, low_load_rounds: u32) -> u32 {
+    if is_low_load(fraction) {
+        low_load_rounds
+    } else {
+        latency_rounds
+    }
+}
 /// The pace split is printed only when the windows' lone calls differ by this factor at
 /// least; below it the halves differ by noise, not by pace.
 const PACE_SPREAD: f64 = 1.3;
@@ -134,6 +149,10 @@ pub struct Args {
     /// Rounds of each latency point, their histograms merged [default: 3, or 1 with --quick].
     #[arg(long)]
     pub latency_rounds: Option<u32>,
+    /// Rounds of each latency point at or under 10% of the peak, where adaptive is judged
+    /// against B=1 by the median of the rounds' ratios [default: 9, or 1 with --quick].
+    #[arg(long)]
+    pub low_load_rounds: Option<u32>,
     /// How long the two-client server's workers spin before they sleep, µs (they share
     /// their cores with the client threads).
     #[arg(long, default_value_t = 50)]
@@ -455,6 +474,7 @@ struct Config {
     warmup_ms: u64,
     rounds: u32,
     latency_rounds: u32,
+    low_load_rounds: u32,
     load_fractions: Vec<f64>,
     /// The latency sweep's reference: the best setting's median, Mrps.
     peak_mrps: f64,
@@ -505,6 +525,7 @@ struct Ctx {
     window: Duration,
     rounds: u32,
     latency_rounds: u32,
+    low_load_rounds: u32,
     loads: Vec<f64>,
     /// (the client's CPU, the server worker's CPU), unless not pinning.
     cpus: Option<(usize, usize)>,
@@ -513,6 +534,11 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// See [`rounds_at`].
+    fn rounds_at(&self, fraction: f64) -> u32 {
+        rounds_at(fraction, self.latency_rounds, self.low_load_rounds)
+    }
+
     /// Spawns the echo server of `service` with `workers` workers pinned to `cpus` in turn,
     /// spinning (`spin_us` None) or sleeping after `spin_us`.
     fn spawn_server(
@@ -853,7 +879,7 @@ fn latency_sweep(
     for (p, &fraction) in ctx.loads.iter().enumerate() {
         let rate = fraction * peak;
         let mut acc: Vec<Option<LatencyAcc>> = LATENCY_SETTINGS.iter().map(|_| None).collect();
-        for round in 0..ctx.latency_rounds {
+        for round in 0..ctx.rounds_at(fraction) {
             for k in order(round + p as u32, LATENCY_SETTINGS.len()) {
                 let setting = LATENCY_SETTINGS[k];
                 ctx.bar.inc(1);
@@ -966,7 +992,7 @@ fn acceptance(
     let mut fractions: Vec<f64> = latency
         .iter()
         .map(|r| r.load_fraction)
-        .filter(|f| *f <= LOW_LOAD + 1e-9)
+        .filter(|&f| is_low_load(f))
         .collect();
     fractions.dedup();
     let low_load: Vec<LowLoad> = fractions
@@ -1059,8 +1085,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         || args.window_ms == Some(0)
         || args.rounds == Some(0)
         || args.latency_rounds == Some(0)
+        || args.low_load_rounds == Some(0)
     {
-        bail!("--in-flight, --window-ms, --rounds and --latency-rounds must be positive");
+        bail!(
+            "--in-flight, --window-ms, --rounds, --latency-rounds and --low-load-rounds must be positive"
+        );
     }
     if args.in_flight < ADAPTIVE_MAX {
         bail!("--in-flight must be at least {ADAPTIVE_MAX}, the largest batch measured");
@@ -1074,6 +1103,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let rounds = args.rounds.unwrap_or(if quick { 1 } else { 9 });
     let latency_rounds = args.latency_rounds.unwrap_or(if quick { 1 } else { 3 });
+    let low_load_rounds = args.low_load_rounds.unwrap_or(if quick { 1 } else { 9 });
     let loads = match (&args.loads[..], quick) {
         ([], false) => LOADS.to_vec(),
         ([], true) => QUICK_LOADS.to_vec(),
@@ -1088,7 +1118,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let settings = THROUGHPUT_SETTINGS.len() as u64;
     let windows = 2 * u64::from(rounds) * settings
         + 2 * u64::from(rounds)
-        + loads.len() as u64 * u64::from(latency_rounds) * LATENCY_SETTINGS.len() as u64;
+        + loads
+            .iter()
+            .map(|&f| u64::from(rounds_at(f, latency_rounds, low_load_rounds)))
+            .sum::<u64>()
+            * LATENCY_SETTINGS.len() as u64;
     let bar = indicatif::ProgressBar::new(windows).with_message("bench dagger");
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} windows, {eta} left")
@@ -1103,6 +1137,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         window,
         rounds,
         latency_rounds,
+        low_load_rounds,
         loads,
         cpus,
         pair_spin_us: args.pair_spin_us,
@@ -1185,6 +1220,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 warmup_ms: ctx.warmup.as_millis() as u64,
                 rounds,
                 latency_rounds,
+                low_load_rounds,
                 load_fractions: ctx.loads.clone(),
                 peak_mrps: peak / 1e6,
                 single: single_placement,

@@ -164,8 +164,9 @@ pub(super) fn print_acceptance(a: &Acceptance) {
     println!("Acceptance figures (reported, not asserted):");
     for l in &a.low_load {
         println!(
-            "  p50 at {:.0}% load: adaptive / B=1, median of the rounds' ratios: {} (≤ 1.10: {}); pooled {} µs / {} µs = {}",
+            "  p50 at {:.0}% load: adaptive / B=1, median of the {} rounds' ratios: {} (≤ 1.10: {}); pooled {} µs / {} µs = {}",
             l.load_fraction * 100.0,
+            l.round_ratios.len(),
             times(l.adaptive_over_b1),
             yes(l.adaptive_over_b1 <= 1.1),
             fmt_us(l.adaptive_p50_us),
