@@ -235,6 +235,15 @@ fn bench_dagger_quick_measures_every_setting_with_its_batch_size() {
         rounds[0].as_f64().unwrap(),
         "{reader}"
     );
+    // Set against a thread waking as often without reading, likewise one round.
+    let rounds = reader["waker_round_ratios"].as_array().unwrap();
+    assert_eq!(rounds.len(), 1, "{reader}");
+    assert!(f(reader, "waker_mrps") > 0.0, "{reader}");
+    assert_eq!(
+        f(reader, "with_over_waker"),
+        rounds[0].as_f64().unwrap(),
+        "{reader}"
+    );
     assert!(report.contains("stats read every"), "{report}");
 
     let svg = std::fs::read_to_string(&svg_path).unwrap();

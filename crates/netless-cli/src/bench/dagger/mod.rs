@@ -99,6 +99,12 @@ const BEYOND_PEAK: f64 = 1.15;
 const LOW_LOAD: f64 = 0.10;
 /// Lone calls timed before each window of the single-client sweep (the host's pace).
 const LONE_CALLS: u32 = 500;
+/// The pace split is printed only when the windows' lone calls differ by this factor at
+/// least; below it the halves differ by noise, not by pace.
+const PACE_SPREAD: f64 = 1.3;
+/// How often the stats reader of the reader comparison reads the replica's stats: a
+/// thousand times what `netless stat` does.
+const READER_PERIOD: Duration = Duration::from_millis(1);
 
 /// Whether `fraction` of the peak counts as low load ([`LOW_LOAD`]).
 fn is_low_load(fraction: f64) -> bool {
@@ -114,12 +120,6 @@ fn rounds_at(fraction: f64, latency_rounds: u32, low_load_rounds: u32) -> u32 {
         latency_rounds
     }
 }
-/// The pace split is printed only when the windows' lone calls differ by this factor at
-/// least; below it the halves differ by noise, not by pace.
-const PACE_SPREAD: f64 = 1.3;
-/// How often the stats reader of the reader comparison reads the replica's stats: a
-/// thousand times what `netless stat` does.
-const READER_PERIOD: Duration = Duration::from_millis(1);
 
 /// `netless bench dagger`.
 #[derive(clap::Args, Debug)]
@@ -507,9 +507,15 @@ struct StatsReader {
     reads: u64,
     without_mrps: f64,
     with_mrps: f64,
+    /// With a thread that wakes as often and reads nothing: what a third thread costs on
+    /// two CPUs whatever it does.
+    waker_mrps: f64,
     /// with / without: the median of the rounds' ratios.
     with_over_without: f64,
     round_ratios: Vec<f64>,
+    /// with / the idle waker: the median of the rounds' ratios, the cost of the reads.
+    with_over_waker: f64,
+    waker_round_ratios: Vec<f64>,
 }
 
 // ----------------------------------------------------------------------------------------
@@ -726,7 +732,9 @@ fn throughput_single(
 
 /// Reading stats while the data path runs: the best fixed setting's closed loop with a
 /// thread reading the replica's stats every [`READER_PERIOD`] (from shared memory, as
-/// `netless stat` does) and without, interleaved round by round.
+/// `netless stat` does), with a thread waking as often and reading nothing (on two CPUs a
+/// third thread takes one from the client or the worker at each wake-up), and with
+/// neither, interleaved round by round.
 fn stats_reader(
     ctx: &Ctx,
     ctl: &Client,
@@ -742,18 +750,22 @@ fn stats_reader(
         .context("no fixed setting was measured")?;
     best.apply(ctl)?;
     let reader = ctx.control(SERVICE)?;
-    let (mut with, mut without, mut reads) = (Vec::new(), Vec::new(), 0u64);
+    let (mut with, mut waker, mut without) = (Vec::new(), Vec::new(), Vec::new());
+    let mut reads = 0u64;
     for round in 0..ctx.rounds {
-        for k in order(round, 2) {
+        // 0: no other thread, 1: the reader, 2: the idle waker.
+        for k in order(round, 3) {
             let reading = k == 1;
             let stop = AtomicBool::new(false);
             let c = std::thread::scope(|s| {
-                let handle = reading.then(|| {
+                let handle = (k > 0).then(|| {
                     s.spawn(|| {
                         let mut n = 0u64;
                         while !stop.load(Ordering::Relaxed) {
-                            std::hint::black_box(reader.replica_stats());
-                            n += 1;
+                            if reading {
+                                std::hint::black_box(reader.replica_stats());
+                                n += 1;
+                            }
                             std::thread::sleep(READER_PERIOD);
                         }
                         n
@@ -766,19 +778,23 @@ fn stats_reader(
                 }
                 c
             })?;
-            if reading { &mut with } else { &mut without }.push(c.rate() / 1e6);
+            [&mut without, &mut with, &mut waker][k].push(c.rate() / 1e6);
             ctx.bar.inc(1);
         }
     }
     let round_ratios = paired_ratios(&with, &without);
+    let waker_round_ratios = paired_ratios(&with, &waker);
     Ok(StatsReader {
         setting: best.label(),
         period_us: READER_PERIOD.as_micros() as u64,
         reads,
         without_mrps: median(&without),
         with_mrps: median(&with),
+        waker_mrps: median(&waker),
         with_over_without: median_or(&round_ratios, 0.0),
         round_ratios,
+        with_over_waker: median_or(&waker_round_ratios, 0.0),
+        waker_round_ratios,
     })
 }
 
@@ -1117,7 +1133,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let settings = THROUGHPUT_SETTINGS.len() as u64;
     let windows = 2 * u64::from(rounds) * settings
-        + 2 * u64::from(rounds)
+        + 3 * u64::from(rounds)
         + loads
             .iter()
             .map(|&f| u64::from(rounds_at(f, latency_rounds, low_load_rounds)))

@@ -147,13 +147,15 @@ pub(super) fn print_latency(
 /// Prints the stats reader comparison.
 pub(super) fn print_stats_reader(r: &StatsReader) {
     println!(
-        "  stats read every {} µs from another thread ({} reads): {} with / without, median of the rounds' ratios: {} ({:.2} / {:.2} Mrps)",
+        "  stats read every {} µs from another thread ({} reads): {} with / without, median of the rounds' ratios: {} ({:.2} / {:.2} Mrps); with / a thread waking as often and reading nothing: {} ({:.2} Mrps)",
         r.period_us,
         r.reads,
         r.setting,
         times(r.with_over_without),
         r.with_mrps,
         r.without_mrps,
+        times(r.with_over_waker),
+        r.waker_mrps,
     );
 }
 
