@@ -369,8 +369,18 @@ impl Client {
     }
 
     /// True once the connection is gone (server died, or a protocol violation closed it).
+    /// A flag, as cheap as a load: a background thread sets it when the server hangs up,
+    /// which on a busy machine can be a while after the server died. See
+    /// [`Client::check_closed`] for an answer as of now.
     pub fn is_closed(&self) -> bool {
         self.handle.shared.dead.load(Ordering::Acquire)
+    }
+
+    /// Like [`Client::is_closed`], but first checks the socket itself (one `poll` system
+    /// call): a server that has exited is seen at once, without waiting for the background
+    /// thread. For rescans of a set of connections, not for every call.
+    pub fn check_closed(&self) -> bool {
+        self.handle.shared.check_hang_up()
     }
 
     /// The server's live counters and registers, read from the replica segment this client

@@ -67,7 +67,7 @@ impl Replicas {
             .collect();
         found.sort();
         let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
-        members.retain(|m| !m.client.shared().check_hang_up());
+        members.retain(|m| !m.client.check_closed());
         let mut last_error = None;
         for replica in found {
             if members.iter().any(|m| m.replica == replica) {

@@ -225,7 +225,7 @@ impl Watch {
             .filter(|s| self.service.as_ref().is_none_or(|n| *n == s.service))
             .collect();
         self.members
-            .retain(|s, m| sockets.contains(s) && !m.client.is_closed());
+            .retain(|s, m| sockets.contains(s) && !m.client.check_closed());
         let mut last_error = None;
         for socket in sockets {
             if self.members.contains_key(&socket) {
