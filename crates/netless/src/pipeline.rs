@@ -271,11 +271,8 @@ impl Pipeline {
         // without the method's name when it repeats the request before it.
         let first_need = align16(HEADER_LEN + body_len);
         let repeats = self.last_method == method;
-        let compact_need = if repeats {
-            align16(COMPACT_HEADER_LEN + payload.len())
-        } else {
-            align16(COMPACT_HEADER_LEN + body_len)
-        };
+        let compact_name = if repeats { 0 } else { method.len() };
+        let compact_need = align16(COMPACT_HEADER_LEN + compact_name + payload.len());
         if align64(first_need) > self.max_run_bytes || body_len > shared.server_max_message {
             return Err(Status::invalid_argument(format!(
                 "a pipelined request takes at most {} bytes with its header, this one {first_need}: use Client::call for larger ones",
