@@ -85,14 +85,14 @@ pub fn inject(client: &Client, fault: ClientFault) {
             header.reserved[0] = wire_flags::BATCH_MORE | wire_flags::BATCH_COMPACT;
             let second = if fault == ClientFault::BadCompactBatch {
                 CompactHeader {
-                    call_id: 0xdead_0000_0002,
+                    call_id: 0xdead_0002,
                     body_len: 4096,
                     method_len: 4,
                     flags: 0,
                 }
             } else {
                 CompactHeader {
-                    call_id: 0xdead_0000_0002,
+                    call_id: 0xdead_0002,
                     body_len: 8,
                     method_len: 4,
                     flags: compact_flags::SAME_METHOD,

@@ -21,7 +21,9 @@ const GREETING: u8 = 5;
 /// NOT_RUN (bit 15, `status::ReplyCode`), which protocol 4 clients would take for an
 /// unknown code. 7: a compact request may repeat the method before it
 /// (`compact_flags::SAME_METHOD`), which protocol 6 servers would read as an empty name.
-pub(crate) const PROTOCOL_VERSION: u32 = 7;
+/// 8: compact request and reply headers are 8 bytes (a 32-bit call id), on 8-byte
+/// boundaries.
+pub(crate) const PROTOCOL_VERSION: u32 = 8;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -256,8 +256,8 @@ pub mod wire_flags {
     /// the first 64-byte boundary after this request's body (a batch: one queue entry for
     /// several requests).
     pub const BATCH_MORE: u32 = 2;
-    /// Set on the first request of a batch whose other requests each carry a 16-byte
-    /// [`CompactHeader`](super::CompactHeader) instead of a `WireHeader`, at the first 16-byte
+    /// Set on the first request of a batch whose other requests each carry an 8-byte
+    /// [`CompactHeader`](super::CompactHeader) instead of a `WireHeader`, at the first 8-byte
     /// boundary after the previous request's body (see there).
     pub const BATCH_COMPACT: u32 = 4;
     /// Set on the first request of a run the client keeps: the server leaves the run's
@@ -269,41 +269,44 @@ pub mod wire_flags {
 }
 
 /// The header of each request after the first in a compact batch
-/// ([`wire_flags::BATCH_COMPACT`]): what differs from call to call, 16 bytes where a
-/// `WireHeader` takes 64, so a batch of small requests moves half as many cache lines and
-/// claims half as many slots. Everything else is the batch's first request's: connection,
-/// token and kind. A compact request carries no metadata, no deadline and no Ref, and is
-/// never a fragment; its body (`method ++ payload`, `body_len` bytes) follows the header.
+/// ([`wire_flags::BATCH_COMPACT`]): what differs from call to call, 8 bytes where a
+/// `WireHeader` takes 64, so a batch of small requests moves about half as many cache lines
+/// and claims half as many blocks. Everything else is the batch's first request's:
+/// connection, token and kind. A compact request carries no metadata, no deadline and no
+/// Ref, and is never a fragment; its body (`method ++ payload`, `body_len` bytes) follows the
+/// header, and the next header starts at the first 8-byte boundary after it. Requests that do
+/// not fit its fields (a call id of 2^32 or more, a body of 64 KiB or more, a method name of
+/// 256 bytes or more) take a batch's first place, with a full header.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CompactHeader {
-    /// Chosen by the client; the response echoes it.
-    pub call_id: u64,
+    /// Chosen by the client; the response echoes it (as a `u64`, these bits zero-extended).
+    pub call_id: u32,
     /// Length of the whole body.
-    pub body_len: u32,
+    pub body_len: u16,
     /// Length of the method name at the start of the body.
-    pub method_len: u16,
+    pub method_len: u8,
     /// [`compact_flags`].
-    pub flags: u16,
+    pub flags: u8,
 }
 /// Size of [`CompactHeader`].
-pub const COMPACT_HEADER_LEN: usize = 16;
+pub const COMPACT_HEADER_LEN: usize = 8;
 const _: () = assert!(std::mem::size_of::<CompactHeader>() == COMPACT_HEADER_LEN);
 
 /// Bits of [`CompactHeader::flags`].
 pub mod compact_flags {
     /// Another compact request follows this one in the batch.
-    pub const MORE: u16 = 1;
+    pub const MORE: u8 = 1;
     /// This request calls the same method as the one before it in the batch, and its body
     /// holds no method name (`method_len` is 0): most batches repeat one method, so the name
     /// need not move again (as HTTP/2 indexes a repeated `:path`). Protocol 7 and later.
-    pub const SAME_METHOD: u16 = 2;
+    pub const SAME_METHOD: u8 = 2;
 }
 
 impl CompactHeader {
     /// The header as bytes, to copy into shared memory.
     pub fn as_bytes(&self) -> &[u8; COMPACT_HEADER_LEN] {
-        // SAFETY: CompactHeader is repr(C), 16 bytes of plain integers with no padding
+        // SAFETY: CompactHeader is repr(C), 8 bytes of plain integers with no padding
         // (checked by the const assert), so viewing it as bytes is sound.
         unsafe { &*(self as *const CompactHeader as *const [u8; COMPACT_HEADER_LEN]) }
     }
@@ -314,7 +317,7 @@ impl CompactHeader {
     /// # Safety
     /// `src` must be valid for reads of [`COMPACT_HEADER_LEN`] bytes.
     pub unsafe fn read_from(src: *const u8) -> CompactHeader {
-        // SAFETY: the caller guarantees 16 readable bytes; read_unaligned copies them without
+        // SAFETY: the caller guarantees 8 readable bytes; read_unaligned copies them without
         // assuming alignment, and every bit pattern is a valid CompactHeader.
         unsafe { std::ptr::read_unaligned(src as *const CompactHeader) }
     }
@@ -325,14 +328,14 @@ impl CompactHeader {
     pub fn expand(&self, first: &WireHeader) -> WireHeader {
         WireHeader {
             token: first.token,
-            call_id: self.call_id,
+            call_id: u64::from(self.call_id),
             deadline_ns: 0,
             conn_index: first.conn_index,
             kind: first.kind,
             status: 0,
-            body_len: self.body_len,
+            body_len: u32::from(self.body_len),
             frag_offset: 0,
-            frag_len: self.body_len,
+            frag_len: u32::from(self.body_len),
             method_len: u32::from(self.method_len),
             metadata_len: 0,
             nblocks: 0,
@@ -485,31 +488,33 @@ impl ResponseHeader {
 }
 
 /// The header of one reply in a [`kind::RESPONSE_BATCH`] record (whose `ResponseHeader`
-/// gives the record's `body_len` and, in `reserved`, the number of replies): 16 bytes, then
+/// gives the record's `body_len` and, in `reserved`, the number of replies): 8 bytes, then
 /// the reply's body (`metadata encoding ++ payload`, or the status message), the next reply
-/// at the first 16-byte boundary after it. A server sends one such record for the replies
+/// at the first 8-byte boundary after it. A server sends one such record for the replies
 /// to a compact request batch, instead of a record per reply, so the client reads fewer
-/// lines and record words; only whole replies with short metadata go this way.
+/// lines and record words; only whole replies that fit the fields go this way (call id
+/// under 2^32, body under 64 KiB, metadata under 256 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CompactReply {
-    /// The call this answers.
-    pub call_id: u64,
+    /// The call this answers (as a `u64`, these bits zero-extended).
+    pub call_id: u32,
     /// Length of the reply's body.
-    pub body_len: u32,
+    pub body_len: u16,
     /// Length of the metadata encoding at the start of the body.
-    pub metadata_len: u16,
-    /// The gRPC status code.
-    pub status: u16,
+    pub metadata_len: u8,
+    /// The gRPC status code, and in bit 7 whether the call was refused without running
+    /// (the [`ResponseHeader::status`] encoding in one byte).
+    pub status: u8,
 }
 /// Size of [`CompactReply`].
-pub const COMPACT_REPLY_LEN: usize = 16;
+pub const COMPACT_REPLY_LEN: usize = 8;
 const _: () = assert!(std::mem::size_of::<CompactReply>() == COMPACT_REPLY_LEN);
 
 impl CompactReply {
     /// The header as bytes, to copy into shared memory.
     pub fn as_bytes(&self) -> &[u8; COMPACT_REPLY_LEN] {
-        // SAFETY: repr(C), 16 bytes of plain integers without padding (const-asserted).
+        // SAFETY: repr(C), 8 bytes of plain integers without padding (const-asserted).
         unsafe { &*(self as *const CompactReply as *const [u8; COMPACT_REPLY_LEN]) }
     }
 
@@ -579,9 +584,9 @@ pub const fn align64(n: usize) -> usize {
     (n + 63) & !63
 }
 
-/// `n` rounded up to a multiple of 16 (where a compact batch's next header starts).
-pub const fn align16(n: usize) -> usize {
-    (n + 15) & !15
+/// `n` rounded up to a multiple of 8 (where a compact batch's next header starts).
+pub const fn align8(n: usize) -> usize {
+    (n + 7) & !7
 }
 
 /// Views `count` atomics at `ptr`.
@@ -612,6 +617,39 @@ mod tests {
         let back = unsafe { WireHeader::read_from(h.as_bytes().as_ptr()) };
         assert_eq!(h, back);
         assert!(back.validate_shape(1000, 1000).is_ok());
+    }
+
+    #[test]
+    fn a_compact_header_expands_to_its_batch_first_header() {
+        let first = WireHeader {
+            token: 7,
+            call_id: 1,
+            conn_index: 3,
+            kind: kind::REQUEST,
+            body_len: 100,
+            frag_len: 100,
+            method_len: 4,
+            metadata_len: 9,
+            reserved: [wire_flags::BATCH_COMPACT | wire_flags::BATCH_MORE, 5],
+            ..Default::default()
+        };
+        let c = CompactHeader {
+            call_id: 0xffff_fffe,
+            body_len: 65_535,
+            method_len: 255,
+            flags: compact_flags::MORE,
+        };
+        // SAFETY: the buffer is COMPACT_HEADER_LEN bytes.
+        let back = unsafe { CompactHeader::read_from(c.as_bytes().as_ptr()) };
+        assert_eq!(back, c);
+        let h = back.expand(&first);
+        assert_eq!((h.token, h.conn_index, h.kind), (7, 3, kind::REQUEST));
+        assert_eq!(h.call_id, 0xffff_fffe);
+        assert_eq!((h.body_len, h.frag_len, h.frag_offset), (65_535, 65_535, 0));
+        assert_eq!((h.method_len, h.metadata_len, h.deadline_ns), (255, 0, 0));
+        assert_eq!(h.reserved, [0, 0]);
+        assert!(h.validate_shape(1 << 20, 65_535).is_ok());
+        assert!(h.validate_shape(1 << 20, 65_534).is_err());
     }
 
     #[test]

@@ -39,7 +39,7 @@ use netless_ring::EnqueueError;
 use crate::client::{parse_response, Client, Shared};
 use crate::config::ClientConfig;
 use crate::layout::{
-    align16, align64, batch_mode, compact_flags, kind, wire_flags, CompactHeader, CompactReply,
+    align64, align8, batch_mode, compact_flags, kind, wire_flags, CompactHeader, CompactReply,
     ResponseHeader, WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN,
     RESPONSE_HEADER_LEN,
 };
@@ -49,6 +49,23 @@ use crate::sync::Ordering;
 
 /// Set in a slot whose call is in flight.
 const BUSY: u32 = 1 << 31;
+
+/// A call's id: its slot's generation (16 bits, wrapping) above its slot index (16 bits,
+/// `max_in_flight` ≤ 65536), so that every id fits a `CompactHeader`'s 32 bits.
+fn call_id(generation: u32, index: u32) -> u64 {
+    (u64::from(generation & 0xffff) << 16) | u64::from(index & 0xffff)
+}
+
+/// The slot index of a call id.
+fn slot_index(call_id: u64) -> usize {
+    (call_id & 0xffff) as usize
+}
+
+/// Whether `call_id` names the call in flight in its slot (a reply to anything else is
+/// refused: ids come from memory the server writes).
+fn is_live(slots: &[u32], call_id: u64) -> bool {
+    call_id >> 32 == 0 && slots.get(slot_index(call_id)) == Some(&((call_id >> 16) as u32 | BUSY))
+}
 
 /// In `slot_run`: the call's request is in no kept run.
 const NO_RUN: u32 = u32::MAX;
@@ -165,7 +182,7 @@ impl KeptRuns {
             run.pending = call_ids.len() as u32;
         }
         for &call_id in call_ids {
-            self.slot_run[(call_id & 0xffff_ffff) as usize] = id;
+            self.slot_run[slot_index(call_id)] = id;
         }
     }
 
@@ -240,6 +257,28 @@ impl Pipeline {
         self.client.wake_source()
     }
 
+    /// The slot of a call id a pipeline returned: below `ClientConfig::max_in_flight`, and
+    /// no two calls in flight on one pipeline share one, so per-call state can live in a
+    /// `Vec` indexed by it (a slot is reused once its call has its reply).
+    ///
+    /// ```no_run
+    /// use netless::{ClientConfig, Pipeline};
+    /// let config = ClientConfig::default();
+    /// let mut sent_at = vec![None; config.max_in_flight as usize];
+    /// let mut pipe = Pipeline::connect("demo.Echo", config)?;
+    /// let id = pipe.submit("Echo", b"hi")?;
+    /// sent_at[Pipeline::slot(id)] = Some(std::time::Instant::now());
+    /// pipe.wait(None)?;
+    /// pipe.poll(|id, _reply| {
+    ///     let rtt = sent_at[Pipeline::slot(id)].take().map(|t| t.elapsed());
+    ///     println!("{id}: {rtt:?}");
+    /// })?;
+    /// # Ok::<(), netless::Status>(())
+    /// ```
+    pub fn slot(call_id: u64) -> usize {
+        slot_index(call_id)
+    }
+
     /// Calls submitted and not yet answered.
     pub fn in_flight(&self) -> u32 {
         self.in_flight
@@ -268,22 +307,18 @@ impl Pipeline {
         }
         let body_len = method.len() + payload.len();
         // Where a batch's first request takes a full header, the rest take a compact one,
-        // without the method's name when it repeats the request before it.
-        let first_need = align16(HEADER_LEN + body_len);
+        // without the method's name when it repeats the request before it. A request too
+        // large for a compact header's fields takes a batch's first place.
+        let first_need = align8(HEADER_LEN + body_len);
         let repeats = self.last_method == method;
         let compact_name = if repeats { 0 } else { method.len() };
-        let compact_need = align16(COMPACT_HEADER_LEN + compact_name + payload.len());
+        let compact_need = align8(COMPACT_HEADER_LEN + compact_name + payload.len());
+        let compactable = compact_name <= usize::from(u8::MAX)
+            && compact_name + payload.len() <= usize::from(u16::MAX);
         if align64(first_need) > self.max_run_bytes || body_len > shared.server_max_message {
             return Err(Status::invalid_argument(format!(
                 "a pipelined request takes at most {} bytes with its header, this one {first_need}: use Client::call for larger ones",
                 self.max_run_bytes
-            )));
-        }
-        if method.len() > usize::from(u16::MAX) {
-            return Err(Status::invalid_argument(format!(
-                "a method name of {} bytes is longer than a pipelined request allows ({})",
-                method.len(),
-                u16::MAX
             )));
         }
         let Some(index) = self.free.pop() else {
@@ -296,11 +331,9 @@ impl Pipeline {
         let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
         let adaptive = ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE;
         let block = shared.replica.block_size();
-        if self
-            .staged
-            .as_ref()
-            .is_some_and(|s| s.count > 0 && s.used + compact_need > s.blocks as usize * block)
-        {
+        if self.staged.as_ref().is_some_and(|s| {
+            s.count > 0 && (!compactable || s.used + compact_need > s.blocks as usize * block)
+        }) {
             self.publish();
         }
         if let Some(staged) = self.staged.as_ref().filter(|s| s.count > 0) {
@@ -331,9 +364,9 @@ impl Pipeline {
             }
         }
         let shared = self.client.shared();
-        let generation = (self.slots[index as usize] & !BUSY).wrapping_add(1) & !BUSY;
+        let generation = (self.slots[index as usize] & !BUSY).wrapping_add(1) & 0xffff;
         self.slots[index as usize] = generation | BUSY;
-        let call_id = (u64::from(generation) << 32) | u64::from(index);
+        let call_id = call_id(generation, index);
         let staged = self.staged.as_mut().expect("a batch is open");
         let run = shared
             .replica
@@ -379,10 +412,11 @@ impl Pipeline {
                 std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
                 HEADER_LEN
             } else {
+                // `compactable` (or the batch would have been published): the fields fit.
                 let header = CompactHeader {
-                    call_id,
-                    body_len: (name.len() + payload.len()) as u32,
-                    method_len: name.len() as u16,
+                    call_id: call_id as u32,
+                    body_len: (name.len() + payload.len()) as u16,
+                    method_len: name.len() as u8,
                     flags: if same_method {
                         compact_flags::SAME_METHOD
                     } else {
@@ -483,9 +517,7 @@ impl Pipeline {
             if is_reply_batch(body) {
                 let max = shared.config.max_message;
                 let done = for_each_compact_reply(body, max, |id, code, bytes| {
-                    let live =
-                        slots.get((id & 0xffff_ffff) as usize) == Some(&((id >> 32) as u32 | BUSY));
-                    if !live {
+                    if !is_live(slots, id) {
                         return Err("a reply to no call in flight");
                     }
                     on_reply(id, outcome(code, bytes.0, bytes.1));
@@ -504,9 +536,7 @@ impl Pipeline {
                 continue;
             }
             let parsed = parse_response(body, shared.config.max_message).and_then(|parsed| {
-                let id = parsed.0.call_id;
-                let live =
-                    slots.get((id & 0xffff_ffff) as usize) == Some(&((id >> 32) as u32 | BUSY));
+                let live = is_live(slots, parsed.0.call_id);
                 live.then_some(parsed).ok_or("a reply to no call in flight")
             });
             let (h, code, fragment) = match parsed {
@@ -807,11 +837,11 @@ fn for_each_compact_reply(
         if body_len > len - body_at || md_len > body_len || body_len > max_message {
             return Err("a compact reply longer than its batch");
         }
-        let code = ReplyCode::from_wire(r.status).ok_or("unknown status code")?;
+        let code = ReplyCode::from_wire8(r.status).ok_or("unknown status code")?;
         let body = &entries[body_at..body_at + body_len];
-        each(r.call_id, code, body.split_at(md_len))?;
+        each(u64::from(r.call_id), code, body.split_at(md_len))?;
         count += 1;
-        offset = align16(body_at + body_len);
+        offset = align8(body_at + body_len);
     }
     if count != h.reserved as usize {
         return Err("a reply batch holding another number of replies than it says");
@@ -827,7 +857,7 @@ fn complete(
     kept: &mut KeptRuns,
     call_id: u64,
 ) {
-    let index = (call_id & 0xffff_ffff) as usize;
+    let index = slot_index(call_id);
     if let Some(slot) = slots.get_mut(index) {
         if *slot & BUSY != 0 {
             *slot &= !BUSY;
@@ -870,14 +900,14 @@ mod tests {
     use super::*;
 
     /// A `RESPONSE_BATCH` record as a server writes it: `(call id, status, metadata, payload)`.
-    fn batch(replies: &[(u64, u16, &[u8], &[u8])]) -> Vec<u8> {
+    fn batch(replies: &[(u32, u8, &[u8], &[u8])]) -> Vec<u8> {
         let mut entries = Vec::new();
         for (id, status, md, payload) in replies {
-            entries.resize(align16(entries.len()), 0);
+            entries.resize(align8(entries.len()), 0);
             let r = CompactReply {
                 call_id: *id,
-                body_len: (md.len() + payload.len()) as u32,
-                metadata_len: md.len() as u16,
+                body_len: (md.len() + payload.len()) as u16,
+                metadata_len: md.len() as u8,
                 status: *status,
             };
             entries.extend_from_slice(r.as_bytes());
@@ -939,15 +969,19 @@ mod tests {
         assert!(collect(&long).is_err());
         // A reply whose body runs past the batch.
         let mut past = good.clone();
-        past[32 + 8..32 + 12].copy_from_slice(&5_000u32.to_le_bytes());
+        past[32 + 4..32 + 6].copy_from_slice(&5_000u16.to_le_bytes());
         assert!(collect(&past).is_err());
         // Metadata longer than the body.
         let mut md = good.clone();
-        md[32 + 12..32 + 14].copy_from_slice(&9u16.to_le_bytes());
+        md[32 + 6] = 9;
         assert!(collect(&md).is_err());
         // An unknown status code.
         let mut status = good.clone();
-        status[32 + 14..32 + 16].copy_from_slice(&99u16.to_le_bytes());
+        status[32 + 7] = 99;
+        assert!(collect(&status).is_err());
+        // A NOT_RUN bit on a code other than RESOURCE_EXHAUSTED.
+        let mut status = good.clone();
+        status[32 + 7] = 0x80 | Code::Internal as u8;
         assert!(collect(&status).is_err());
         // Another count than the replies it holds.
         let mut count = good.clone();
@@ -955,8 +989,8 @@ mod tests {
         assert!(collect(&count).is_err());
         // A header cut short at the end.
         let mut cut = good.clone();
-        cut.resize(32 + align16(cut.len() - 32), 0);
-        cut.extend_from_slice(&[0; 8]);
+        cut.resize(32 + align8(cut.len() - 32), 0);
+        cut.extend_from_slice(&[0; 4]);
         let len = (cut.len() - 32) as u32;
         cut[12..16].copy_from_slice(&len.to_le_bytes());
         cut[20..24].copy_from_slice(&len.to_le_bytes());

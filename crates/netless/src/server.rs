@@ -28,7 +28,7 @@ use crate::call::{Request, ResponseBuilder};
 use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    align16, align64, batch_bucket, block_state, bump, compact_flags, conn_tag, kind,
+    align64, align8, batch_bucket, block_state, bump, compact_flags, conn_tag, kind,
     latency_bucket, provisioning, wire_flags, CompactHeader, CompactReply, ResponseHeader,
     WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN, RESPONSE_HEADER_LEN,
 };
@@ -297,12 +297,15 @@ struct ReplyBatch {
 }
 
 impl ReplyBatch {
-    /// The entry's length, if this reply may go in a batch to `conn`: whole, metadata
-    /// under 64 KiB, within the client's limit, at most half a record.
-    fn entry_len(conn: &Conn, md_len: usize, payload_len: usize) -> Option<usize> {
+    /// The entry's length, if this reply to `call_id` may go in a batch to `conn`: whole,
+    /// fitting a `CompactReply`'s fields (call id under 2^32, body under 64 KiB, metadata
+    /// under 256 bytes), within the client's limit, at most half a record.
+    fn entry_len(conn: &Conn, call_id: u64, md_len: usize, payload_len: usize) -> Option<usize> {
         let body_len = md_len + payload_len;
         let entry = COMPACT_REPLY_LEN + body_len;
-        (md_len <= usize::from(u16::MAX)
+        (call_id <= u64::from(u32::MAX)
+            && md_len <= usize::from(u8::MAX)
+            && body_len <= usize::from(u16::MAX)
             && body_len <= conn.client_max
             && entry <= (conn.record_limit - RESPONSE_HEADER_LEN) / 2)
             .then_some(entry)
@@ -310,18 +313,19 @@ impl ReplyBatch {
 
     /// Whether an entry of `entry` bytes still fits this batch's record for `conn`.
     fn fits(&self, conn: &Conn, entry: usize) -> bool {
-        align16(self.bytes.len()) + entry <= conn.record_limit - RESPONSE_HEADER_LEN
+        align8(self.bytes.len()) + entry <= conn.record_limit - RESPONSE_HEADER_LEN
     }
 
+    /// Appends a reply that `entry_len` admitted (so its fields fit their widths).
     fn push(&mut self, call_id: u64, code: ReplyCode, metadata: &Metadata, payload: &[u8]) {
         let md_len = metadata.encoded_len();
-        let at = align16(self.bytes.len());
+        let at = align8(self.bytes.len());
         self.bytes.resize(at, 0);
         let header = CompactReply {
-            call_id,
-            body_len: (md_len + payload.len()) as u32,
-            metadata_len: md_len as u16,
-            status: code.wire(),
+            call_id: call_id as u32,
+            body_len: (md_len + payload.len()) as u16,
+            metadata_len: md_len as u8,
+            status: code.wire8(),
         };
         self.bytes.extend_from_slice(header.as_bytes());
         metadata.encode_into(&mut self.bytes);
@@ -1401,7 +1405,7 @@ impl ServerShared {
 
     /// Serves a batch: requests back to back in one run, each header at the 64-byte boundary
     /// after the previous body, each whole and from this connection, `BATCH_MORE` on all but
-    /// the last; or, with `BATCH_COMPACT` on the first, a `CompactHeader` at the 16-byte
+    /// the last; or, with `BATCH_COMPACT` on the first, a `CompactHeader` at the 8-byte
     /// boundary after each previous body (`compact_flags::MORE` on all but the last). The
     /// caller frees the run afterwards.
     fn serve_batch(
@@ -1471,7 +1475,7 @@ impl ServerShared {
             }
             let end = body_at + h.frag_len as usize;
             if compact {
-                offset = align16(end);
+                offset = align8(end);
                 if offset + COMPACT_HEADER_LEN > run_len {
                     return Err("a batch runs past its blocks");
                 }
@@ -1766,8 +1770,8 @@ impl ServerShared {
         acc: &mut Scratch,
     ) -> Result<(), &'static str> {
         if acc.collecting {
-            if let Some(entry) = ReplyBatch::entry_len(conn, metadata.encoded_len(), payload.len())
-            {
+            let md_len = metadata.encoded_len();
+            if let Some(entry) = ReplyBatch::entry_len(conn, call_id, md_len, payload.len()) {
                 if !acc.replies.fits(conn, entry) {
                     self.send_batch(conn, &mut acc.replies)?;
                 }
@@ -2020,7 +2024,8 @@ impl DeferredReply {
             // On a worker, inside a batch or its handler's poll: gathered per connection and
             // sent as reply batches when the section ends.
             let md_len = metadata.encoded_len();
-            if let Some(entry) = ReplyBatch::entry_len(&self.conn, md_len, payload.len()) {
+            let entry = ReplyBatch::entry_len(&self.conn, self.call_id, md_len, payload.len());
+            if let Some(entry) = entry {
                 self.gather(entry, code, metadata, payload);
                 return Ok(());
             }

@@ -205,7 +205,7 @@ impl Status {
 
 /// A reply's status as the wire carries it (`ResponseHeader::status`,
 /// `CompactReply::status`): the gRPC code, and whether the server refused the call without
-/// running it (a NACK, [`Status::is_nack`]), in bit 15.
+/// running it (a NACK, [`Status::is_nack`]), in bit 15 (bit 7 of a `CompactReply`'s byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ReplyCode {
     pub code: Code,
@@ -234,6 +234,18 @@ impl ReplyCode {
         let code = Code::from_u16(wire & !Self::NOT_RUN)?;
         let not_run = wire & Self::NOT_RUN != 0;
         (!not_run || code == Code::ResourceExhausted).then_some(ReplyCode { code, not_run })
+    }
+
+    /// The one-byte form a [`CompactReply`](crate::layout::CompactReply) carries: the code
+    /// (0–16) in the low bits, NOT_RUN in bit 7.
+    pub fn wire8(self) -> u8 {
+        self.code as u8 | if self.not_run { 0x80 } else { 0 }
+    }
+
+    /// Decodes the one-byte form, as [`ReplyCode::from_wire`] does the `u16`.
+    pub fn from_wire8(wire: u8) -> Option<ReplyCode> {
+        let not_run = if wire & 0x80 != 0 { Self::NOT_RUN } else { 0 };
+        Self::from_wire(u16::from(wire & 0x7f) | not_run)
     }
 
     /// The status of a failed call from its message bytes, copied out of the ring before
@@ -304,6 +316,7 @@ mod tests {
         for code in Code::ALL {
             let plain = ReplyCode::from(code);
             assert_eq!(ReplyCode::from_wire(plain.wire()), Some(plain));
+            assert_eq!(ReplyCode::from_wire8(plain.wire8()), Some(plain));
         }
         let nack = ReplyCode::of(&Status::nack("queued past the SLO"));
         assert_eq!(nack.wire(), 0x8000 | Code::ResourceExhausted as u16);
@@ -315,5 +328,10 @@ mod tests {
         // Only a refusal may say it did not run.
         assert_eq!(ReplyCode::from_wire(0x8000 | Code::Internal as u16), None);
         assert_eq!(ReplyCode::from_wire(0x8000 | 17), None);
+        assert_eq!(nack.wire8(), 0x80 | Code::ResourceExhausted as u8);
+        assert_eq!(ReplyCode::from_wire8(nack.wire8()), Some(nack));
+        assert_eq!(ReplyCode::from_wire8(0x80 | Code::Internal as u8), None);
+        assert_eq!(ReplyCode::from_wire8(17), None);
+        assert_eq!(ReplyCode::from_wire8(0x7f), None);
     }
 }

@@ -36,7 +36,7 @@ impl Handler for Forwarder {
         let mut next = self.next.lock().unwrap();
         let (pipe, waiting) = &mut *next;
         match pipe.submit(req.method, req.payload) {
-            Ok(id) => waiting[(id & 0xffff_ffff) as usize] = Some(reply),
+            Ok(id) => waiting[Pipeline::slot(id)] = Some(reply),
             Err(status) => {
                 let _ = reply.fail(&status);
             }
@@ -48,7 +48,7 @@ impl Handler for Forwarder {
         let mut next = self.next.lock().unwrap();
         let (pipe, waiting) = &mut *next;
         let delivered = pipe.poll(|id, outcome| {
-            if let Some(reply) = waiting[(id & 0xffff_ffff) as usize].take() {
+            if let Some(reply) = waiting[Pipeline::slot(id)].take() {
                 let _ = match outcome {
                     Ok(bytes) => reply.send(&Metadata::new(), bytes),
                     Err(status) => reply.fail(&status),

@@ -112,7 +112,7 @@ fn run(pipe: &mut Pipeline, calls: u32, window: u32) -> f64 {
         while sent < calls && pipe.in_flight() < window {
             let payload: Vec<u8> = (0..(sent % 300)).map(|i| (i ^ sent) as u8).collect();
             // Methods of different lengths, so a batch's compact requests start at every
-            // 16-byte alignment; each runs twice in a row, so a request repeats the method
+            // 8-byte alignment; each runs twice in a row, so a request repeats the method
             // before it (sent without the name) as often as it changes it, and a reply
             // shows which method the server ran.
             let method = ["EchoRef", "Echo", "Echo", "Fail", "Fail"][sent as usize % 5];
@@ -212,6 +212,111 @@ fn pipelined_calls_are_matched_by_id_and_batched_as_the_registers_say() {
     assert!(pipe.submit("Echo", b"x").is_err());
 }
 
+/// Calls whose request or reply does not fit a compact header's fields (a method name of 256
+/// bytes or more, a body of 64 KiB or more) still batch: the request opens a batch of its own
+/// with a full header, the reply goes as a record of its own; and call ids stay right after
+/// a slot's 16-bit generation wraps.
+#[test]
+fn calls_too_large_for_compact_headers_and_wrapped_generations() {
+    let dir = TestDir::new("pipewide");
+    // Blocks of 4 KiB, so that a batch's run (64 blocks) holds more than 64 KiB and the
+    // compact header's 16-bit body length, not the run, is what sends the 66 000-byte
+    // request to a batch of its own.
+    let config = netless::ServerConfig {
+        block_size: 4096,
+        buffer_bytes: Some(8 << 20),
+        ..server_config(dir.path())
+    };
+    let server = Server::bind("t.Wide", config, test_handler).unwrap();
+    let control = Client::connect_with("t.Wide", client_config(dir.path())).unwrap();
+    set(&control, "batch_mode=fixed");
+    set(&control, "batch=8");
+    // A ring whose records may exceed 128 KiB, so that the 64 KiB field, not half a record,
+    // is what keeps a 70 000-byte reply out of a reply batch.
+    let config = ClientConfig {
+        max_in_flight: 64,
+        ring_bytes: 1 << 20,
+        ..client_config(dir.path())
+    };
+    let mut pipe = Pipeline::connect("t.Wide", config).unwrap();
+    let long_name = "N".repeat(300);
+    let big_request = vec![7u8; 66_000];
+    let big_reply = 70_000u64.to_le_bytes();
+    // What each call should get back: its reply's length, or UNIMPLEMENTED (the long name).
+    let mut expected: HashMap<u64, Option<usize>> = HashMap::new();
+    for round in 0..8 {
+        // The first big request opens a run with room for more like it, so the second
+        // would fit there as a compact request if its length were not checked.
+        let calls: [(&str, &[u8], Option<usize>); 6] = [
+            ("Echo", &big_request, Some(big_request.len())),
+            ("Echo", &big_request, Some(big_request.len())),
+            ("Echo", b"after a big request", Some(19)),
+            (&long_name, b"x", None),
+            ("Big", &big_reply, Some(70_000)),
+            ("Echo", b"last", Some(4)),
+        ];
+        for (method, payload, want) in calls {
+            let id = pipe
+                .submit(method, payload)
+                .unwrap_or_else(|e| panic!("round {round}: {method:.8}: {e}"));
+            assert!(id < 1 << 32, "call id {id:#x} does not fit 32 bits");
+            expected.insert(id, want);
+        }
+        pipe.flush();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pipe.in_flight() > 0 {
+            assert!(Instant::now() < deadline, "round {round} stalled");
+            let n = pipe
+                .poll(
+                    |id, reply| match expected.remove(&id).expect("a call in flight") {
+                        Some(len) => assert_eq!(reply.unwrap().len(), len),
+                        None => {
+                            // The server read the whole name (the reply quotes it).
+                            let e = reply.unwrap_err();
+                            assert_eq!(e.code(), Code::Unimplemented);
+                            assert!(e.message().contains(&long_name), "{e}");
+                        }
+                    },
+                )
+                .unwrap();
+            if n == 0 {
+                pipe.wait(Some(Duration::from_secs(5))).unwrap();
+            }
+        }
+    }
+    assert!(expected.is_empty());
+
+    // One slot, 70 000 calls in turn: its generation wraps past 16 bits.
+    let config = ClientConfig {
+        max_in_flight: 1,
+        ..client_config(dir.path())
+    };
+    let mut one = Pipeline::connect("t.Wide", config).unwrap();
+    set(&control, "batch=1");
+    let mut last = None;
+    for i in 0..70_000u32 {
+        let id = one.submit("Echo", &i.to_le_bytes()).unwrap();
+        assert_eq!(Pipeline::slot(id), 0);
+        assert_ne!(Some(id), last, "call {i} reused the id before it");
+        last = Some(id);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n = one
+                .poll(|got, reply| {
+                    assert_eq!(got, id);
+                    assert_eq!(reply.unwrap(), i.to_le_bytes());
+                })
+                .unwrap();
+            if n == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "call {i} unanswered");
+            one.wait(Some(Duration::from_secs(5))).unwrap();
+        }
+    }
+    drop(server);
+}
+
 #[test]
 fn a_full_pipeline_says_so() {
     let dir = TestDir::new("pipefull");
@@ -252,9 +357,9 @@ fn kept_runs_are_reused_and_freed() {
     set(&control, "batch=8");
     // (Its own spare run would count as held.)
     drop(control);
-    // A batch of 8 requests of 100 bytes ("Echo"): a 64-byte header and 7 compact (16-byte)
-    // ones, each body padded to 16 bytes: 176 + 7 × 128 bytes, 17 blocks of 64.
-    let run_blocks = (176 + 7 * 128u32).div_ceil(64);
+    // A batch of 8 requests of 100 bytes ("Echo"): a 64-byte header and 7 compact (8-byte)
+    // ones repeating the method, each padded to 8 bytes: 168 + 7 × 112 bytes, 15 blocks.
+    let run_blocks = (168 + 7 * 112u32).div_ceil(64);
     let held = || total - server.stats().free_blocks;
 
     let mut child = spawn_role("pipeline_child_entry", "keeper", dir.path(), "t.Keep");

@@ -427,11 +427,6 @@ struct Forwarded {
     len: u64,
 }
 
-/// The call slot of a pipeline call id.
-fn slot_of(call_id: u64) -> usize {
-    (call_id & 0xffff_ffff) as usize
-}
-
 /// Calls a tier keeps in flight on each pipeline at most (more than any client sends).
 const TIER_PIPELINE_DEPTH: u32 = 4096;
 
@@ -597,7 +592,7 @@ impl Tier {
                 // Ref; published with the batch it joins.
                 match down.pipe.submit(method, payload) {
                     Ok(id) => {
-                        down.waiting[slot_of(id)] = Some(Forwarded {
+                        down.waiting[Pipeline::slot(id)] = Some(Forwarded {
                             reply,
                             by_value,
                             len,
@@ -622,7 +617,7 @@ impl Tier {
             let mut down = lock(down);
             let Downstream { pipe, waiting } = &mut *down;
             let polled = pipe.poll(|id, reply| {
-                let Some(f) = waiting.get_mut(slot_of(id)).and_then(Option::take) else {
+                let Some(f) = waiting.get_mut(Pipeline::slot(id)).and_then(Option::take) else {
                     return;
                 };
                 let _ = match reply {
@@ -1062,7 +1057,7 @@ fn closed_loop(
             };
             match pipe.submit(method, body) {
                 Ok(id) => {
-                    let slot = (id & 0xffff_ffff) as usize;
+                    let slot = Pipeline::slot(id);
                     if sent.len() <= slot {
                         sent.resize_with(slot + 1, || None);
                     }
@@ -1089,10 +1084,7 @@ fn closed_loop(
         pipe.wait(Some(Duration::from_secs(10)))
             .with_context(|| format!("waiting for `{method}`"))?;
         pipe.poll(|id, reply| {
-            let Some((t, r)) = sent
-                .get_mut((id & 0xffff_ffff) as usize)
-                .and_then(Option::take)
-            else {
+            let Some((t, r)) = sent.get_mut(Pipeline::slot(id)).and_then(Option::take) else {
                 return;
             };
             outstanding -= 1;

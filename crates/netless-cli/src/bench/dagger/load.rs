@@ -242,7 +242,7 @@ impl Driver {
                         false
                     }
                 };
-                delivered.push((slot(id), ok));
+                delivered.push((Pipeline::slot(id) as u32, ok));
             })
             .context("polling the pipeline")?;
         if let Some(why) = &self.bad {
@@ -393,7 +393,7 @@ impl Driver {
                     match pipe.submit(METHOD, &payload[..]) {
                         Ok(id) => {
                             let at = next as u64;
-                            times[slot(id) as usize] = at;
+                            times[Pipeline::slot(id)] = at;
                             if at >= warm_ns {
                                 scheduled += 1;
                                 send_lag.saturating_record(now - at);
@@ -455,11 +455,6 @@ pub(super) fn spin_policy() -> WaitPolicy {
         mode: WaitMode::Spin,
         spin: Duration::from_micros(50),
     }
-}
-
-/// The call slot of a pipelined call id (its low half).
-fn slot(call_id: u64) -> u32 {
-    (call_id & 0xffff_ffff) as u32
 }
 
 #[cfg(test)]

@@ -320,7 +320,7 @@ impl Generator {
         }
         match result {
             Ok(id) => {
-                let slot = (id & 0xffff_ffff) as usize;
+                let slot = Pipeline::slot(id);
                 let calls = &mut self.calls[conn];
                 if calls.len() <= slot {
                     calls.resize(slot + 1, InFlight::default());
@@ -356,10 +356,7 @@ impl Generator {
             let conn = self.active[self.cursor];
             let calls = &self.calls[conn];
             let polled = self.pipes[conn].poll(|id, outcome| {
-                let call = calls
-                    .get((id & 0xffff_ffff) as usize)
-                    .copied()
-                    .unwrap_or_default();
+                let call = calls.get(Pipeline::slot(id)).copied().unwrap_or_default();
                 if call.measured {
                     let took = netless_shm::monotonic_ns().saturating_sub(call.due_ns);
                     acc.record(outcome, took, call.get_key);
