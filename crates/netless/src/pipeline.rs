@@ -56,15 +56,11 @@ fn call_id(generation: u32, index: u32) -> u64 {
     (u64::from(generation & 0xffff) << 16) | u64::from(index & 0xffff)
 }
 
-/// The slot index of a call id.
-fn slot_index(call_id: u64) -> usize {
-    (call_id & 0xffff) as usize
-}
-
 /// Whether `call_id` names the call in flight in its slot (a reply to anything else is
 /// refused: ids come from memory the server writes).
 fn is_live(slots: &[u32], call_id: u64) -> bool {
-    call_id >> 32 == 0 && slots.get(slot_index(call_id)) == Some(&((call_id >> 16) as u32 | BUSY))
+    call_id >> 32 == 0
+        && slots.get(Pipeline::slot(call_id)) == Some(&((call_id >> 16) as u32 | BUSY))
 }
 
 /// In `slot_run`: the call's request is in no kept run.
@@ -182,7 +178,7 @@ impl KeptRuns {
             run.pending = call_ids.len() as u32;
         }
         for &call_id in call_ids {
-            self.slot_run[slot_index(call_id)] = id;
+            self.slot_run[Pipeline::slot(call_id)] = id;
         }
     }
 
@@ -276,7 +272,7 @@ impl Pipeline {
     /// # Ok::<(), netless::Status>(())
     /// ```
     pub fn slot(call_id: u64) -> usize {
-        slot_index(call_id)
+        (call_id & 0xffff) as usize
     }
 
     /// Calls submitted and not yet answered.
@@ -857,7 +853,7 @@ fn complete(
     kept: &mut KeptRuns,
     call_id: u64,
 ) {
-    let index = slot_index(call_id);
+    let index = Pipeline::slot(call_id);
     if let Some(slot) = slots.get_mut(index) {
         if *slot & BUSY != 0 {
             *slot &= !BUSY;
