@@ -35,10 +35,15 @@ pub(crate) fn now_us() -> u32 {
     ((netless_shm::monotonic_ns() / 1000) as u32).max(1)
 }
 
+/// Whether entries enqueued now carry a stamp (the server admits by depth: an SLO).
+pub(crate) fn stamps(ctrl: &ServerControl) -> bool {
+    ctrl.depth_limit.load(Ordering::Relaxed) != 0
+}
+
 /// The stamp for an entry a client enqueues now: [`now_us`] when the server admits by
 /// depth (an SLO), else 0 (no clock read).
 pub(crate) fn stamp_for(ctrl: &ServerControl) -> u32 {
-    if ctrl.depth_limit.load(Ordering::Relaxed) != 0 {
+    if stamps(ctrl) {
         now_us()
     } else {
         0

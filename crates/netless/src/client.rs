@@ -30,7 +30,8 @@ use crate::call::{CallOptions, Reply};
 use crate::config::{resolve_socket, ClientConfig};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    kind, provisioning, wire_flags, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+    kind, provisioning, wire_flags, ResponseHeader, ShortHeader, WireHeader, HEADER_LEN,
+    RESPONSE_HEADER_LEN, SHORT_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment};
@@ -915,7 +916,18 @@ impl Shared {
     ) -> Result<(), Status> {
         let block = self.replica.block_size();
         let frag_len = header.frag_len as usize;
-        let count = (HEADER_LEN + frag_len).div_ceil(block) as u32;
+        // Every fragment carries the time it is enqueued: a worker judges the wait of the one
+        // that completes the request, not the time the sender spent on the whole body.
+        header.reserved[1] = crate::admission::stamp_for(self.replica.server_control());
+        // A request that needs no more takes the 32-byte header, and perhaps a block less.
+        header.nblocks = (SHORT_HEADER_LEN + frag_len).div_ceil(block) as u32;
+        let short = ShortHeader::of(header);
+        let header_len = if short.is_some() {
+            SHORT_HEADER_LEN
+        } else {
+            HEADER_LEN
+        };
+        let count = (header_len + frag_len).div_ceil(block) as u32;
         header.nblocks = count;
         let table = self.replica.table();
         // Start moving every line this send will write to our core at once (block-table word,
@@ -926,16 +938,13 @@ impl Shared {
                 table.get(start as usize),
             ) {
                 prefetch_write((word as *const AtomicU32).cast());
-                prefetch_write_range(dst, HEADER_LEN + frag_len, 4);
+                prefetch_write_range(dst, header_len + frag_len, 4);
             }
         }
         let queue = self.replica.queue_for(self.conn_index);
         if first {
             self.check_depth(0)?;
         }
-        // Every fragment carries the time it is enqueued: a worker judges the wait of the one
-        // that completes the request, not the time the sender spent on the whole body.
-        header.reserved[1] = crate::admission::stamp_for(self.replica.server_control());
         let mut spins = 0u32;
         loop {
             if self.dead.load(Ordering::Acquire) {
@@ -961,14 +970,18 @@ impl Shared {
                 .block_run(start, count)
                 .ok_or_else(|| Status::internal("block run outside the buffer"))?;
             // SAFETY: `dst` points at `count` blocks we just claimed (OWNED by us), which hold
-            // HEADER_LEN + frag_len bytes; no one else writes them while we own them.
+            // header_len + frag_len bytes; no one else writes them while we own them.
             unsafe {
-                std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
+                let bytes: &[u8] = match &short {
+                    Some(short) => short.as_bytes(),
+                    None => header.as_bytes(),
+                };
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, header_len);
                 copy_body_range(
                     pieces,
                     header.frag_offset as usize,
                     frag_len,
-                    dst.add(HEADER_LEN),
+                    dst.add(header_len),
                 );
             }
             match queue.queue.try_enqueue(start) {

@@ -5,7 +5,10 @@
 use proptest::prelude::*;
 
 use crate::handshake::Frame;
-use crate::layout::{ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN};
+use crate::layout::{
+    kind, read_request_header, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
+    SHORT_HEADER_LEN,
+};
 use crate::metadata::Metadata;
 
 proptest! {
@@ -25,6 +28,29 @@ proptest! {
             prop_assert!(h.frag_len as usize <= capacity);
             prop_assert!(h.frag_offset as usize + h.frag_len as usize <= body);
             prop_assert!(h.method_len as usize + h.metadata_len as usize <= body);
+        }
+    }
+
+    #[test]
+    fn a_request_header_of_either_form_is_read_whole(
+        mut bytes in proptest::collection::vec(any::<u8>(), HEADER_LEN),
+        short in any::<bool>(),
+    ) {
+        if short {
+            bytes[28..30].copy_from_slice(&kind::REQUEST_SHORT.to_le_bytes());
+        }
+        // SAFETY: `bytes` holds HEADER_LEN bytes.
+        let (h, len) = unsafe { read_request_header(bytes.as_ptr()) };
+        if short {
+            // A short header stands for a whole request with nothing but method and payload.
+            prop_assert_eq!(len, SHORT_HEADER_LEN);
+            prop_assert_eq!(h.kind, kind::REQUEST);
+            prop_assert_eq!((h.frag_offset, h.frag_len), (0, h.body_len));
+            prop_assert_eq!((h.deadline_ns, h.metadata_len, h.reserved[1]), (0, 0, 0));
+            prop_assert_eq!(&h.token.to_le_bytes()[..], &bytes[..8]);
+        } else {
+            prop_assert_eq!(len, HEADER_LEN);
+            prop_assert_eq!(h.as_bytes().as_slice(), bytes.as_slice());
         }
     }
 

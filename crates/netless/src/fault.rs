@@ -4,8 +4,8 @@
 
 use crate::client::Client;
 use crate::layout::{
-    block_state, compact_flags, kind, wire_flags, CompactHeader, WireHeader, COMPACT_HEADER_LEN,
-    HEADER_LEN,
+    block_state, compact_flags, kind, wire_flags, CompactHeader, ShortHeader, WireHeader,
+    COMPACT_HEADER_LEN, HEADER_LEN, SHORT_HEADER_LEN,
 };
 use crate::sync::Ordering;
 
@@ -29,6 +29,8 @@ pub enum ClientFault {
     /// A compact batch whose second request says it repeats the first's method and names
     /// one too.
     BadSameMethod,
+    /// A request behind a 32-byte `ShortHeader` whose body runs 8 bytes past its one block.
+    BadShortHeader,
     /// The published consumer head rewound to 0, so the queue looks as deep as every
     /// request ever sent (clients then refuse to call under an SLO), and no doorbell rung.
     StaleHead,
@@ -78,6 +80,23 @@ pub fn inject(client: &Client, fault: ClientFault) {
             header.frag_len = 16;
         }
         ClientFault::BadKind => header.kind = 77,
+        ClientFault::BadShortHeader => {
+            let body = (block - SHORT_HEADER_LEN + 8) as u32;
+            header.body_len = body;
+            header.frag_len = body;
+            let short = ShortHeader::of(&header).expect("a whole request without extras");
+            let start = shared.claim_for_fault(1).expect("a block");
+            if let Some(dst) = replica.block_run(start, 1) {
+                // SAFETY: dst is a whole block (>= 64 bytes) inside the mapping, ours; this is
+                // deliberate test garbage.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(short.as_bytes().as_ptr(), dst, SHORT_HEADER_LEN)
+                };
+            }
+            let _ = queue.try_enqueue(start);
+            netless_ring::ring(view.doorbell);
+            return;
+        }
         ClientFault::ForeignBlocks => {}
         ClientFault::BadCompactBatch | ClientFault::BadSameMethod => {
             let start = shared.claim_for_fault(2).expect("two blocks");

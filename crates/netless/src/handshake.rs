@@ -22,8 +22,9 @@ const GREETING: u8 = 5;
 /// unknown code. 7: a compact request may repeat the method before it
 /// (`compact_flags::SAME_METHOD`), which protocol 6 servers would read as an empty name.
 /// 8: compact request and reply headers are 8 bytes (a 32-bit call id), on 8-byte
-/// boundaries.
-pub(crate) const PROTOCOL_VERSION: u32 = 8;
+/// boundaries. 9: a run may start with a 32-byte `ShortHeader` (`kind::REQUEST_SHORT`),
+/// which protocol 8 servers would refuse as an unknown kind.
+pub(crate) const PROTOCOL_VERSION: u32 = 9;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,8 +40,8 @@ use crate::client::{parse_response, Client, Shared};
 use crate::config::ClientConfig;
 use crate::layout::{
     align64, align8, batch_mode, compact_flags, kind, wire_flags, CompactHeader, CompactReply,
-    ResponseHeader, WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN,
-    RESPONSE_HEADER_LEN,
+    ResponseHeader, ShortHeader, WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN,
+    RESPONSE_HEADER_LEN, SHORT_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::status::{Code, ReplyCode, Status};
@@ -79,12 +79,16 @@ struct KeptRun {
 }
 
 /// A batch being written: a claimed run, `used` bytes of it filled. The first request has a
-/// `WireHeader` (with `BATCH_COMPACT`), the others a `CompactHeader`.
+/// `WireHeader` or a `ShortHeader` (with `BATCH_COMPACT`), the others a `CompactHeader`.
 struct Staged {
     start: u32,
     blocks: u32,
     used: usize,
     count: u32,
+    /// The first request's header, written to the run when the batch is published (its
+    /// block count, flags and stamp are known only then), and the length of its form there.
+    first: WireHeader,
+    first_len: usize,
     /// Offset of the last request's header in the run (to set its "more" flag).
     last: usize,
     /// The run's id in `Pipeline::kept`, if it is kept.
@@ -108,6 +112,8 @@ pub struct Pipeline {
     partial: HashMap<u64, Vec<u8>>,
     /// Largest request a batch slot takes (one run of the buffer).
     max_run_bytes: usize,
+    /// Whether every run fits a `ShortHeader`'s 16-bit block count.
+    short_runs: bool,
     /// Batches published, and requests in them.
     batches: u64,
     batched: u64,
@@ -228,6 +234,8 @@ impl Pipeline {
         let n = config.max_in_flight;
         let client = Client::connect_with(service, config)?;
         let max_run_bytes = client.shared().fragment_body + HEADER_LEN;
+        let block = client.shared().replica.block_size();
+        let short_runs = max_run_bytes.div_ceil(block) <= usize::from(u16::MAX);
         Ok(Pipeline {
             client,
             slots: vec![0; n as usize],
@@ -237,6 +245,7 @@ impl Pipeline {
             failed: Vec::new(),
             partial: HashMap::new(),
             max_run_bytes,
+            short_runs,
             batches: 0,
             batched: 0,
             last_batch: 1,
@@ -302,10 +311,20 @@ impl Pipeline {
             return Err(shared.death_status());
         }
         let body_len = method.len() + payload.len();
-        // Where a batch's first request takes a full header, the rest take a compact one,
-        // without the method's name when it repeats the request before it. A request too
-        // large for a compact header's fields takes a batch's first place.
-        let first_need = align8(HEADER_LEN + body_len);
+        let ctrl = shared.replica.server_control();
+        // A batch's first request takes a short header, or a full one where it needs a
+        // field the short one lacks (an enqueue stamp, under an SLO); the rest take a compact
+        // one, without the method's name when it repeats the request before it. A request
+        // too large for a compact header's fields takes a batch's first place.
+        let first_len = if self.short_runs
+            && method.len() <= usize::from(u16::MAX)
+            && !crate::admission::stamps(ctrl)
+        {
+            SHORT_HEADER_LEN
+        } else {
+            HEADER_LEN
+        };
+        let first_need = align8(first_len + body_len);
         let repeats = self.last_method == method;
         let compact_name = if repeats { 0 } else { method.len() };
         let compact_need = align8(COMPACT_HEADER_LEN + compact_name + payload.len());
@@ -323,7 +342,6 @@ impl Pipeline {
                 self.slots.len()
             )));
         };
-        let ctrl = shared.replica.server_control();
         let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
         let adaptive = ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE;
         let block = shared.replica.block_size();
@@ -376,17 +394,29 @@ impl Pipeline {
         // What the body starts with: no name when a compact request repeats the method.
         let same_method = staged.count > 0 && repeats;
         let name: &[u8] = if same_method { &[] } else { method.as_bytes() };
+        if staged.count == 0 {
+            // Written when the batch is published.
+            staged.first = WireHeader {
+                token: shared.token,
+                call_id,
+                conn_index: shared.conn_index,
+                kind: kind::REQUEST,
+                body_len: body_len as u32,
+                frag_len: body_len as u32,
+                method_len: method.len() as u32,
+                reserved: [wire_flags::BATCH_COMPACT, 0],
+                ..WireHeader::default()
+            };
+            staged.first_len = first_len;
+        } else if staged.count == 1 {
+            staged.first.reserved[0] |= wire_flags::BATCH_MORE;
+        }
         // SAFETY: the run is ours (OWNED, unpublished) and `used + need` fits in it (checked
-        // above or by open_batch); `need` covers the header and the body. The previous
-        // request's header lies at `last`, inside the run: the first one a WireHeader, the
-        // others a CompactHeader.
+        // above or by open_batch); `need` covers the header and the body. A compact request's
+        // predecessor has its header at `last`, inside the run, a CompactHeader if it is not
+        // the first.
         unsafe {
-            if staged.count == 1 {
-                let prev = run as *mut WireHeader;
-                let mut p = WireHeader::read_from(prev as *const u8);
-                p.reserved[0] |= wire_flags::BATCH_MORE;
-                std::ptr::write_unaligned(prev, p);
-            } else if staged.count > 1 {
+            if staged.count > 1 {
                 let prev = run.add(staged.last) as *mut CompactHeader;
                 let mut p = CompactHeader::read_from(prev as *const u8);
                 p.flags |= compact_flags::MORE;
@@ -394,19 +424,7 @@ impl Pipeline {
             }
             let dst = run.add(staged.used);
             let header_len = if staged.count == 0 {
-                let header = WireHeader {
-                    token: shared.token,
-                    call_id,
-                    conn_index: shared.conn_index,
-                    kind: kind::REQUEST,
-                    body_len: body_len as u32,
-                    frag_len: body_len as u32,
-                    method_len: method.len() as u32,
-                    reserved: [wire_flags::BATCH_COMPACT, 0],
-                    ..WireHeader::default()
-                };
-                std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
-                HEADER_LEN
+                staged.first_len
             } else {
                 // `compactable` (or the batch would have been published): the fields fit.
                 let header = CompactHeader {
@@ -689,6 +707,8 @@ impl Pipeline {
             blocks,
             used: 0,
             count: 0,
+            first: WireHeader::default(),
+            first_len: HEADER_LEN,
             last: 0,
             kept,
         });
@@ -721,19 +741,25 @@ impl Pipeline {
             .replica
             .block_run(staged.start, used)
             .expect("a claimed run lies inside the buffer");
-        // Under an SLO the batch carries the time it is enqueued (`crate::admission`).
-        let stamp = crate::admission::stamp_for(shared.replica.server_control());
-        // SAFETY: the run's first header is ours and unpublished; nblocks is set last.
-        unsafe {
-            let first = run as *mut WireHeader;
-            let mut h = WireHeader::read_from(first as *const u8);
-            h.nblocks = used;
-            h.reserved[1] = stamp;
-            if staged.kept.is_some() {
-                h.reserved[0] |= wire_flags::KEEP_BLOCKS;
-            }
-            std::ptr::write_unaligned(first, h);
+        let mut h = staged.first;
+        h.nblocks = used;
+        if staged.kept.is_some() {
+            h.reserved[0] |= wire_flags::KEEP_BLOCKS;
         }
+        let short;
+        let bytes: &[u8] = if staged.first_len == SHORT_HEADER_LEN {
+            // No stamp: an SLO set since the batch opened finds it unstamped (admitted
+            // however long it waits) rather than moving its body.
+            short = ShortHeader::of(&h).expect("the short form was chosen for fields that fit");
+            short.as_bytes()
+        } else {
+            // Under an SLO the batch carries the time it is enqueued (`crate::admission`).
+            h.reserved[1] = crate::admission::stamp_for(shared.replica.server_control());
+            h.as_bytes()
+        };
+        // SAFETY: the run's first `first_len` bytes are the first request's header room, ours
+        // and unpublished.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), run, staged.first_len) };
         let q = shared.replica.queue_for(shared.conn_index);
         match q.queue.try_enqueue(staged.start) {
             Ok(()) => {

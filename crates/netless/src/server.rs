@@ -29,8 +29,9 @@ use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, Serv
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
     align64, align8, batch_bucket, block_state, bump, compact_flags, conn_tag, kind,
-    latency_bucket, provisioning, wire_flags, CompactHeader, CompactReply, ResponseHeader,
-    WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN, RESPONSE_HEADER_LEN,
+    latency_bucket, provisioning, read_request_header, wire_flags, CompactHeader, CompactReply,
+    ResponseHeader, WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN,
+    RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
@@ -1248,8 +1249,8 @@ impl ServerShared {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        // SAFETY: `first` points at a whole block (>= 256 bytes) inside the mapping.
-        let h = unsafe { WireHeader::read_from(first) };
+        // SAFETY: `first` points at a whole block (>= 64 bytes) inside the mapping.
+        let (h, header_len) = unsafe { read_request_header(first) };
         // Under an SLO, entries carry the time they were enqueued (`crate::admission`).
         let stamp = h.reserved[1];
         response.shed = None;
@@ -1266,7 +1267,7 @@ impl ServerShared {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let outcome = self.serve_conn(conn, block, &h, me, response);
+        let outcome = self.serve_conn(conn, block, &h, header_len, me, response);
         if let Err(why) = outcome {
             self.violations.fetch_add(1, Ordering::Relaxed);
             conn.close(Status::internal(format!(
@@ -1298,11 +1299,14 @@ impl ServerShared {
         crate::admission::waited_too_long(stamp, now, response.shed_after_us)
     }
 
+    /// Serves the request (or batch) in the run at `block`, whose header `h` takes
+    /// `header_len` bytes (a `WireHeader` or a `ShortHeader`).
     fn serve_conn(
         &self,
         conn: &Arc<Conn>,
         block: u32,
         h: &WireHeader,
+        header_len: usize,
         me: &WorkerSlot,
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
@@ -1325,9 +1329,10 @@ impl ServerShared {
         if words.iter().any(|w| w.load(Ordering::Acquire) != owned) {
             return Err("request blocks not leased to this connection");
         }
-        let capacity = h.nblocks as usize * replica.block_size() - HEADER_LEN;
+        // nblocks >= 1 (block_run refuses 0) and a block holds either header.
+        let capacity = h.nblocks as usize * replica.block_size() - header_len;
         h.validate_shape(self.config.max_message, capacity)?;
-        let (start, len) = (run.wrapping_add(HEADER_LEN), h.frag_len as usize);
+        let (start, len) = (run.wrapping_add(header_len), h.frag_len as usize);
         // SAFETY: the run [block, block + nblocks) is inside the mapping (block_run checked it)
         // and frag_len <= capacity, so the fragment lies within the run.
         let fragment = unsafe { std::slice::from_raw_parts(start, len) };
@@ -1348,7 +1353,7 @@ impl ServerShared {
         };
         if h.reserved[0] & wire_flags::BATCH_MORE != 0 {
             let run_len = h.nblocks as usize * replica.block_size();
-            let served = self.serve_batch(conn, run, run_len, *h, me, response);
+            let served = self.serve_batch(conn, run, run_len, *h, header_len, me, response);
             release();
             return served;
         }
@@ -1408,36 +1413,41 @@ impl ServerShared {
     /// the last; or, with `BATCH_COMPACT` on the first, a `CompactHeader` at the 8-byte
     /// boundary after each previous body (`compact_flags::MORE` on all but the last). The
     /// caller frees the run afterwards.
+    #[allow(clippy::too_many_arguments)]
     fn serve_batch(
         &self,
         conn: &Arc<Conn>,
         run: *mut u8,
         run_len: usize,
         first: WireHeader,
+        first_len: usize,
         me: &WorkerSlot,
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
         let compact = first.reserved[0] & wire_flags::BATCH_COMPACT != 0;
         if !compact {
-            return self.serve_requests(conn, run, run_len, first, me, response);
+            return self.serve_requests(conn, run, run_len, first, first_len, me, response);
         }
         // A compact batch's replies go out together in one record (or a few, if they do not
         // fit one), sent when the batch ends, whether it ended well or not.
         conn.pipelined.store(true, Ordering::Relaxed);
         response.collecting = true;
-        let served = self.serve_requests(conn, run, run_len, first, me, response);
+        let served = self.serve_requests(conn, run, run_len, first, first_len, me, response);
         response.collecting = false;
         let flushed = self.send_batch(conn, &mut response.replies);
         served.and(flushed)
     }
 
-    /// The requests of a batch, each dispatched in turn (see `serve_batch`).
+    /// The requests of a batch, each dispatched in turn (see `serve_batch`); the first
+    /// one's header takes `first_len` bytes.
+    #[allow(clippy::too_many_arguments)]
     fn serve_requests(
         &self,
         conn: &Arc<Conn>,
         run: *mut u8,
         run_len: usize,
         first: WireHeader,
+        first_len: usize,
         me: &WorkerSlot,
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
@@ -1445,7 +1455,7 @@ impl ServerShared {
         // Where the current request's header starts, and how long that header is (a compact
         // batch's requests after the first carry a CompactHeader).
         let mut offset = 0usize;
-        let mut header_len = HEADER_LEN;
+        let mut header_len = first_len;
         let mut more = first.reserved[0] & wire_flags::BATCH_MORE != 0;
         let compact = first.reserved[0] & wire_flags::BATCH_COMPACT != 0;
         // The current request calls the method of the one before it (only a compact

@@ -214,8 +214,8 @@ fn pipelined_calls_are_matched_by_id_and_batched_as_the_registers_say() {
 
 /// Calls whose request or reply does not fit a compact header's fields (a method name of 256
 /// bytes or more, a body of 64 KiB or more) still batch: the request opens a batch of its own
-/// with a full header, the reply goes as a record of its own; and call ids stay right after
-/// a slot's 16-bit generation wraps.
+/// with a short or (a name of 64 KiB or more) full header, the reply goes as a record of its
+/// own; and call ids stay right after a slot's 16-bit generation wraps.
 #[test]
 fn calls_too_large_for_compact_headers_and_wrapped_generations() {
     let dir = TestDir::new("pipewide");
@@ -240,20 +240,23 @@ fn calls_too_large_for_compact_headers_and_wrapped_generations() {
     };
     let mut pipe = Pipeline::connect("t.Wide", config).unwrap();
     let long_name = "N".repeat(300);
+    // Too long for a short header's 16-bit method length as well.
+    let huge_name = "H".repeat(70_000);
     let big_request = vec![7u8; 66_000];
     let big_reply = 70_000u64.to_le_bytes();
-    // What each call should get back: its reply's length, or UNIMPLEMENTED (the long name).
-    let mut expected: HashMap<u64, Option<usize>> = HashMap::new();
+    // What each call should get back: its reply's length, or UNIMPLEMENTED naming its method.
+    let mut expected: HashMap<u64, Result<usize, &str>> = HashMap::new();
     for round in 0..8 {
         // The first big request opens a run with room for more like it, so the second
         // would fit there as a compact request if its length were not checked.
-        let calls: [(&str, &[u8], Option<usize>); 6] = [
-            ("Echo", &big_request, Some(big_request.len())),
-            ("Echo", &big_request, Some(big_request.len())),
-            ("Echo", b"after a big request", Some(19)),
-            (&long_name, b"x", None),
-            ("Big", &big_reply, Some(70_000)),
-            ("Echo", b"last", Some(4)),
+        let calls: [(&str, &[u8], Result<usize, &str>); 7] = [
+            ("Echo", &big_request, Ok(big_request.len())),
+            ("Echo", &big_request, Ok(big_request.len())),
+            ("Echo", b"after a big request", Ok(19)),
+            (&long_name, b"x", Err(&long_name)),
+            ("Big", &big_reply, Ok(70_000)),
+            (&huge_name, b"y", Err(&huge_name)),
+            ("Echo", b"last", Ok(4)),
         ];
         for (method, payload, want) in calls {
             let id = pipe
@@ -269,12 +272,12 @@ fn calls_too_large_for_compact_headers_and_wrapped_generations() {
             let n = pipe
                 .poll(
                     |id, reply| match expected.remove(&id).expect("a call in flight") {
-                        Some(len) => assert_eq!(reply.unwrap().len(), len),
-                        None => {
+                        Ok(len) => assert_eq!(reply.unwrap().len(), len),
+                        Err(name) => {
                             // The server read the whole name (the reply quotes it).
                             let e = reply.unwrap_err();
                             assert_eq!(e.code(), Code::Unimplemented);
-                            assert!(e.message().contains(&long_name), "{e}");
+                            assert!(e.message().contains(name), "{:.80}", e.message());
                         }
                     },
                 )
@@ -285,6 +288,12 @@ fn calls_too_large_for_compact_headers_and_wrapped_generations() {
         }
     }
     assert!(expected.is_empty());
+    // The same name through a unary call, which takes a short header when it can.
+    let e = control
+        .call(&huge_name, b"z", &CallOptions::new())
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(e.message().contains(&huge_name), "{:.80}", e.message());
 
     // One slot, 70 000 calls in turn: its generation wraps past 16 bits.
     let config = ClientConfig {
@@ -357,9 +366,10 @@ fn kept_runs_are_reused_and_freed() {
     set(&control, "batch=8");
     // (Its own spare run would count as held.)
     drop(control);
-    // A batch of 8 requests of 100 bytes ("Echo"): a 64-byte header and 7 compact (8-byte)
-    // ones repeating the method, each padded to 8 bytes: 168 + 7 × 112 bytes, 15 blocks.
-    let run_blocks = (168 + 7 * 112u32).div_ceil(64);
+    // A batch of 8 requests of 100 bytes ("Echo"): a 32-byte short header and 7 compact
+    // (8-byte) ones repeating the method, each padded to 8 bytes: 136 + 7 × 112 bytes, 15
+    // blocks.
+    let run_blocks = (136 + 7 * 112u32).div_ceil(64);
     let held = || total - server.stats().free_blocks;
 
     let mut child = spawn_role("pipeline_child_entry", "keeper", dir.path(), "t.Keep");

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use netless::{
-    CallOptions, Client, ClientConfig, Code, Request, ResponseBuilder, RetryPolicy, Server,
-    ServerConfig, Slo,
+    CallOptions, Client, ClientConfig, Code, Pipeline, Request, ResponseBuilder, RetryPolicy,
+    Server, ServerConfig, Slo, Status,
 };
 
 /// How long the first call holds the only worker: long enough for the client to queue the
@@ -23,6 +23,8 @@ use netless::{
 const STALL: Duration = Duration::from_secs(1);
 /// Calls queued behind it.
 const QUEUED: usize = 10;
+/// Pipelined calls queued behind those, each a queue entry of its own.
+const PIPELINED: usize = 3;
 
 /// `Work` calls the handler ran.
 static WORKED: AtomicU64 = AtomicU64::new(0);
@@ -100,18 +102,26 @@ fn shedding_child_entry() {
             })
         })
         .collect();
+    // Then pipelined calls, each published alone: their entries carry the stamp too.
+    thread::sleep(Duration::from_millis(100));
+    let mut pipe = Pipeline::connect(&service, client_config(&dir)).unwrap();
+    for _ in 0..PIPELINED {
+        pipe.submit("Work", b"p").unwrap();
+        pipe.flush();
+    }
+    let shed_by_worker = |s: &Status| {
+        s.code() == Code::ResourceExhausted
+            && s.is_nack()
+            && s.is_refused_by_worker()
+            && s.message().contains("SLO")
+    };
     assert!(stall.join().unwrap().is_ok());
     let retried_ok = retrying.join().unwrap().is_ok();
     let (mut ok, mut shed, mut other, mut slowest_refusal) = (0, 0, 0, Duration::ZERO);
     for t in queued {
         match t.join().unwrap() {
             (Ok(_), _) => ok += 1,
-            (Err(s), took)
-                if s.code() == Code::ResourceExhausted
-                    && s.is_nack()
-                    && s.is_refused_by_worker()
-                    && s.message().contains("SLO") =>
-            {
+            (Err(s), took) if shed_by_worker(&s) => {
                 shed += 1;
                 slowest_refusal = slowest_refusal.max(took);
             }
@@ -121,10 +131,28 @@ fn shedding_child_entry() {
             }
         }
     }
+    let (mut pipe_ok, mut pipe_shed) = (0, 0);
+    let waited = Instant::now();
+    while pipe.in_flight() > 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "pipeline stalled"
+        );
+        pipe.wait(Some(Duration::from_millis(100))).unwrap();
+        pipe.poll(|_, reply| match reply {
+            Ok(_) => pipe_ok += 1,
+            Err(s) if shed_by_worker(&s) => pipe_shed += 1,
+            Err(s) => {
+                eprintln!("unexpected: {s}");
+                other += 1;
+            }
+        })
+        .unwrap();
+    }
     // Afterwards, with nothing queued, calls are served again.
     let after = client.call("Work", b"a", &CallOptions::new()).is_ok();
     println!(
-        "RESULT ok={ok} shed={shed} other={other} slowest_refusal_ms={} after_ok={} retried_ok={}",
+        "RESULT ok={ok} shed={shed} pipe_ok={pipe_ok} pipe_shed={pipe_shed} other={other} slowest_refusal_ms={} after_ok={} retried_ok={}",
         slowest_refusal.as_millis(),
         u8::from(after),
         u8::from(retried_ok)
@@ -155,15 +183,22 @@ fn requests_that_waited_past_the_slo_are_refused_without_running() {
     let summary = format!("{} | {stats:?}", line.trim());
     eprintln!("{summary}");
     // Every queued call but the last was refused (the last had no one behind it: refusing
-    // it would help no one, so it ran, late); the handler ran only what was answered.
+    // it would help no one, so it ran, late); the handler ran only what was answered. The
+    // pipelined calls queued last, so all but one of them at least were refused.
     assert_eq!(field(&line, "other"), 0, "{summary}");
-    assert_eq!(field(&line, "shed"), QUEUED as u64 - 1, "{summary}");
-    assert_eq!(field(&line, "ok"), 1, "{summary}");
+    let (shed, pipe_shed) = (field(&line, "shed"), field(&line, "pipe_shed"));
+    assert_eq!(
+        shed + pipe_shed,
+        (QUEUED + PIPELINED) as u64 - 1,
+        "{summary}"
+    );
+    assert!(pipe_shed >= PIPELINED as u64 - 1, "{summary}");
+    assert_eq!(field(&line, "ok") + field(&line, "pipe_ok"), 1, "{summary}");
     assert_eq!(field(&line, "after_ok"), 1, "{summary}");
     // The retrying client's call was refused once (it was first in the queue) and then
     // served on its retry: Client::call retries a worker's refusal under its policy.
     assert_eq!(field(&line, "retried_ok"), 1, "{summary}");
-    assert_eq!(stats.shed, QUEUED as u64, "{summary}");
+    assert_eq!(stats.shed, (QUEUED + PIPELINED) as u64, "{summary}");
     assert_eq!(WORKED.load(Ordering::Relaxed), 3, "{summary}");
     // The refused calls failed as soon as the worker reached them, not after being run.
     let slowest = Duration::from_millis(field(&line, "slowest_refusal_ms"));
