@@ -1,5 +1,5 @@
 //! The RPC layer's shared-memory layouts: the replica segment, the connection segment and the
-//! 64-byte message header.
+//! message headers (the 64-byte `WireHeader` and its short and compact forms).
 //!
 //! This is the only module that turns raw pointers into these structs. Every struct here is
 //! plain integers (`#[repr(C)]`, any bit pattern is a valid value), read from shared memory as
