@@ -1506,6 +1506,8 @@ impl ServerShared {
                 // SAFETY: offset + HEADER_LEN <= run_len: a whole header inside the run.
                 h = unsafe { WireHeader::read_from(run.add(offset)) };
                 more = h.reserved[0] & wire_flags::BATCH_MORE != 0;
+                // (The first request's header may have been a short one.)
+                header_len = HEADER_LEN;
             }
             prefetch_read_range(run.wrapping_add(offset), 2 * 64, 2);
         }
