@@ -36,8 +36,11 @@ proptest! {
         mut bytes in proptest::collection::vec(any::<u8>(), HEADER_LEN),
         short in any::<bool>(),
     ) {
+        // Bytes 28..30 are the kind in both forms.
         if short {
             bytes[28..30].copy_from_slice(&kind::REQUEST_SHORT.to_le_bytes());
+        } else if bytes[28..30] == kind::REQUEST_SHORT.to_le_bytes() {
+            bytes[28] ^= 1;
         }
         // SAFETY: `bytes` holds HEADER_LEN bytes.
         let (h, len) = unsafe { read_request_header(bytes.as_ptr()) };

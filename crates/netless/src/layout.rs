@@ -774,7 +774,7 @@ mod tests {
             body_len: 100,
             frag_len: 100,
             method_len: 65_535,
-            nblocks: 65_535,
+            nblocks: 65_534,
             reserved: [wire_flags::BATCH_COMPACT | wire_flags::KEEP_BLOCKS, 0],
             ..Default::default()
         };

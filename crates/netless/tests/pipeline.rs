@@ -353,6 +353,60 @@ fn a_full_pipeline_says_so() {
     server.wait().unwrap();
 }
 
+/// A whole call without metadata, deadline or SLO takes the 32-byte short header: a `Slow`
+/// call's 12-byte body then fits one 64-byte block, where with a full header (as a call with
+/// a deadline still takes) it needs two; and a lone pipelined 20-byte echo keeps a run of one
+/// block, not two.
+#[test]
+fn plain_calls_take_the_short_header() {
+    let dir = TestDir::new("short");
+    let server = Server::bind("t.Short", server_config(dir.path()), test_handler).unwrap();
+    let total = server.stats().total_blocks;
+    let held = || total - server.stats().free_blocks;
+    for (options, blocks) in [
+        (CallOptions::new(), 1),
+        (CallOptions::new().timeout(Duration::from_secs(60)), 2),
+    ] {
+        // While the handler sleeps, the client holds the request's run and a spare run like
+        // it (claimed during the wait for the next call), nothing else.
+        let client = Client::connect_with("t.Short", client_config(dir.path())).unwrap();
+        let call = std::thread::spawn(move || {
+            client
+                .call("Slow", &400u64.to_le_bytes(), &options)
+                .map(|r| r.payload)
+        });
+        let mut most = 0;
+        while !call.is_finished() {
+            most = most.max(held());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(call.join().unwrap().unwrap(), 400u64.to_le_bytes());
+        assert_eq!(
+            most,
+            2 * blocks,
+            "blocks held during a call taking {blocks}"
+        );
+        wait_all_free(&server, total);
+    }
+    let config = ClientConfig {
+        max_in_flight: 1,
+        ..client_config(dir.path())
+    };
+    let mut pipe = Pipeline::connect("t.Short", config).unwrap();
+    let id = pipe.submit("Echo", &[5u8; 20]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = None;
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "no reply");
+        pipe.wait(Some(Duration::from_secs(1))).unwrap();
+        pipe.poll(|i, reply| got = Some((i, reply.unwrap().to_vec())))
+            .unwrap();
+    }
+    assert_eq!(got, Some((id, vec![5u8; 20])));
+    // The run stays OWNED by the pipeline, for its next batch.
+    assert_eq!(held(), 1);
+}
+
 /// A pipeline keeps the runs its batches used (`KEEP_BLOCKS`): the server leaves them OWNED,
 /// later batches reuse them instead of claiming more, and they are all free again when the
 /// pipeline closes or its process is killed.
