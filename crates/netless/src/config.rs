@@ -125,7 +125,7 @@ pub struct ServerConfig {
     pub wait: WaitPolicy,
     /// Bytes per slot (block) of the receive buffer (power of two, 64..=65536); a request
     /// takes ⌈(header + body) / block_size⌉ contiguous slots (a 32-byte header for a whole
-    /// request without metadata or deadline, else 64 bytes).
+    /// request without metadata, deadline or SLO, else 64 bytes: `layout::ShortHeader`).
     pub block_size: u32,
     /// Bytes of receive buffer clients write requests into: the whole shared buffer, or each
     /// worker's or connection's (see `provisioning`). `None`: sized from `slo` if set
