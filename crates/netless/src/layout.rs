@@ -782,9 +782,10 @@ mod tests {
         // The body follows the short header: the server reads 64 bytes and keeps 32.
         let mut bytes = [0xa5u8; HEADER_LEN];
         bytes[..SHORT_HEADER_LEN].copy_from_slice(short.as_bytes());
-        // SAFETY: both buffers hold HEADER_LEN bytes.
+        // SAFETY: `bytes` holds HEADER_LEN bytes.
         let (back, len) = unsafe { read_request_header(bytes.as_ptr()) };
         assert_eq!((back, len), (h, SHORT_HEADER_LEN));
+        // SAFETY: a WireHeader's bytes are HEADER_LEN long.
         let (back, len) = unsafe { read_request_header(h.as_bytes().as_ptr()) };
         assert_eq!((back, len), (h, HEADER_LEN));
         // Whatever the short form cannot say, it refuses.
