@@ -31,6 +31,9 @@ pub enum ClientFault {
     BadSameMethod,
     /// A request behind a 32-byte `ShortHeader` whose body runs 8 bytes past its one block.
     BadShortHeader,
+    /// A well-formed batch of two requests with full headers and no `BATCH_COMPACT`, a
+    /// format retired in protocol 9.
+    PlainBatch,
     /// The published consumer head rewound to 0, so the queue looks as deep as every
     /// request ever sent (clients then refuse to call under an SLO), and no doorbell rung.
     StaleHead,
@@ -98,6 +101,34 @@ pub fn inject(client: &Client, fault: ClientFault) {
             return;
         }
         ClientFault::ForeignBlocks => {}
+        ClientFault::PlainBatch => {
+            let start = shared.claim_for_fault(4).expect("four blocks");
+            header.nblocks = 4;
+            let mut second = header;
+            header.reserved[0] = wire_flags::BATCH_MORE;
+            second.call_id += 1;
+            if let Some(dst) = replica.block_run(start, 4) {
+                // SAFETY: dst is four whole blocks (256 bytes) inside the mapping, ours; the
+                // first header and body (80 bytes) and the second at 128 (80 bytes) fit.
+                unsafe {
+                    for (at, h) in [(0, &header), (128, &second)] {
+                        std::ptr::copy_nonoverlapping(
+                            h.as_bytes().as_ptr(),
+                            dst.add(at),
+                            HEADER_LEN,
+                        );
+                        std::ptr::copy_nonoverlapping(
+                            b"Echo".as_ptr(),
+                            dst.add(at + HEADER_LEN),
+                            4,
+                        );
+                    }
+                }
+            }
+            let _ = queue.try_enqueue(start);
+            netless_ring::ring(view.doorbell);
+            return;
+        }
         ClientFault::BadCompactBatch | ClientFault::BadSameMethod => {
             let start = shared.claim_for_fault(2).expect("two blocks");
             header.nblocks = 2;

@@ -255,9 +255,11 @@ pub mod wire_flags {
     /// The payload is a 32-byte `netless_pool::Ref` to the real payload in the domain's page
     /// pool (pass by reference); only on connections whose two sides share a domain.
     pub const PAYLOAD_REF: u32 = 1;
-    /// Another whole request of the same connection follows in the same run, its header at
-    /// the first 64-byte boundary after this request's body (a batch: one queue entry for
-    /// several requests).
+    /// Another whole request of the same connection follows in the same run (a batch: one
+    /// queue entry for several requests), behind a [`CompactHeader`](super::CompactHeader):
+    /// only with [`BATCH_COMPACT`]. (Batches of full headers, each at the 64-byte boundary
+    /// after the previous body, are refused since protocol 9; no client sent them since
+    /// compact batches came in protocol 4.)
     pub const BATCH_MORE: u32 = 2;
     /// Set on the first request of a batch whose other requests each carry an 8-byte
     /// [`CompactHeader`](super::CompactHeader) instead of a `WireHeader`, at the first 8-byte

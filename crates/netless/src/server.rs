@@ -28,10 +28,9 @@ use crate::call::{Request, ResponseBuilder};
 use crate::config::{replica_socket, resolve_socket, Dispatch, Provisioning, ServerConfig, Slo};
 use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
-    align64, align8, batch_bucket, block_state, bump, compact_flags, conn_tag, kind,
-    latency_bucket, provisioning, read_request_header, wire_flags, CompactHeader, CompactReply,
-    ResponseHeader, WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, HEADER_LEN,
-    RESPONSE_HEADER_LEN,
+    align8, batch_bucket, block_state, bump, compact_flags, conn_tag, kind, latency_bucket,
+    provisioning, read_request_header, wire_flags, CompactHeader, CompactReply, ResponseHeader,
+    WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, RESPONSE_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
@@ -1408,11 +1407,10 @@ impl ServerShared {
         }
     }
 
-    /// Serves a batch: requests back to back in one run, each header at the 64-byte boundary
-    /// after the previous body, each whole and from this connection, `BATCH_MORE` on all but
-    /// the last; or, with `BATCH_COMPACT` on the first, a `CompactHeader` at the 8-byte
-    /// boundary after each previous body (`compact_flags::MORE` on all but the last). The
-    /// caller frees the run afterwards.
+    /// Serves a batch: requests back to back in one run, the first with `BATCH_MORE` and
+    /// `BATCH_COMPACT`, each after it behind a `CompactHeader` at the 8-byte boundary after
+    /// the previous body (`compact_flags::MORE` on all but the last), each whole and from
+    /// this connection. The caller frees the run afterwards.
     #[allow(clippy::too_many_arguments)]
     fn serve_batch(
         &self,
@@ -1424,9 +1422,10 @@ impl ServerShared {
         me: &WorkerSlot,
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
-        let compact = first.reserved[0] & wire_flags::BATCH_COMPACT != 0;
-        if !compact {
-            return self.serve_requests(conn, run, run_len, first, first_len, me, response);
+        if first.reserved[0] & wire_flags::BATCH_COMPACT == 0 {
+            // Batches of full headers went with protocol 4's compact ones; since protocol 9
+            // the server no longer reads them.
+            return Err("a batch without compact headers");
         }
         // A compact batch's replies go out together in one record (or a few, if they do not
         // fit one), sent when the batch ends, whether it ended well or not.
@@ -1452,12 +1451,11 @@ impl ServerShared {
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
         let mut h = first;
-        // Where the current request's header starts, and how long that header is (a compact
-        // batch's requests after the first carry a CompactHeader).
+        // Where the current request's header starts, and how long that header is (the
+        // requests after the first carry a CompactHeader).
         let mut offset = 0usize;
         let mut header_len = first_len;
         let mut more = first.reserved[0] & wire_flags::BATCH_MORE != 0;
-        let compact = first.reserved[0] & wire_flags::BATCH_COMPACT != 0;
         // The current request calls the method of the one before it (only a compact
         // request after the first may say so: the first always names its method).
         let mut same_method = false;
@@ -1483,32 +1481,19 @@ impl ServerShared {
             if !more {
                 break;
             }
-            let end = body_at + h.frag_len as usize;
-            if compact {
-                offset = align8(end);
-                if offset + COMPACT_HEADER_LEN > run_len {
-                    return Err("a batch runs past its blocks");
-                }
-                // SAFETY: offset + COMPACT_HEADER_LEN <= run_len: a whole header in the run.
-                let c = unsafe { CompactHeader::read_from(run.add(offset)) };
-                more = c.flags & compact_flags::MORE != 0;
-                same_method = c.flags & compact_flags::SAME_METHOD != 0;
-                if same_method && c.method_len != 0 {
-                    return Err("a request repeating the method before it names one too");
-                }
-                header_len = COMPACT_HEADER_LEN;
-                h = c.expand(&first);
-            } else {
-                offset = align64(end);
-                if offset + HEADER_LEN > run_len {
-                    return Err("a batch runs past its blocks");
-                }
-                // SAFETY: offset + HEADER_LEN <= run_len: a whole header inside the run.
-                h = unsafe { WireHeader::read_from(run.add(offset)) };
-                more = h.reserved[0] & wire_flags::BATCH_MORE != 0;
-                // (The first request's header may have been a short one.)
-                header_len = HEADER_LEN;
+            offset = align8(body_at + h.frag_len as usize);
+            if offset + COMPACT_HEADER_LEN > run_len {
+                return Err("a batch runs past its blocks");
             }
+            // SAFETY: offset + COMPACT_HEADER_LEN <= run_len: a whole header in the run.
+            let c = unsafe { CompactHeader::read_from(run.add(offset)) };
+            more = c.flags & compact_flags::MORE != 0;
+            same_method = c.flags & compact_flags::SAME_METHOD != 0;
+            if same_method && c.method_len != 0 {
+                return Err("a request repeating the method before it names one too");
+            }
+            header_len = COMPACT_HEADER_LEN;
+            h = c.expand(&first);
             prefetch_read_range(run.wrapping_add(offset), 2 * 64, 2);
         }
         response.batch = count;

@@ -93,6 +93,7 @@ fn child_process_entry() {
                 "fault-bad-compact-batch" => ClientFault::BadCompactBatch,
                 "fault-bad-same-method" => ClientFault::BadSameMethod,
                 "fault-bad-short-header" => ClientFault::BadShortHeader,
+                "fault-plain-batch" => ClientFault::PlainBatch,
                 _ => ClientFault::GarbageQueue,
             };
             let client = Client::connect_with(&service, client_config(&dir)).unwrap();
@@ -507,6 +508,7 @@ fn garbage_from_a_client_costs_only_its_connection() {
         "fault-bad-compact-batch",
         "fault-bad-same-method",
         "fault-bad-short-header",
+        "fault-plain-batch",
     ];
     for role in attributable.iter().chain(["fault-garbage-queue"].iter()) {
         let out = run_child(role, &dir, "test.Garbage");
