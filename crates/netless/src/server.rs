@@ -1423,8 +1423,8 @@ impl ServerShared {
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
         if first.reserved[0] & wire_flags::BATCH_COMPACT == 0 {
-            // Batches of full headers went with protocol 4's compact ones; since protocol 9
-            // the server no longer reads them.
+            // A batch of full headers: no client has sent one since compact batches came
+            // in protocol 4, and since protocol 9 the server refuses them.
             return Err("a batch without compact headers");
         }
         // A compact batch's replies go out together in one record (or a few, if they do not
