@@ -1463,13 +1463,18 @@ impl ServerShared {
         // Replies inside the batch do not ring the client's doorbell; this rings once after
         // the last (or on an early return).
         let _ring = RingSection::enter();
+        // Checked once: every later request's header is expanded from this one
+        // (`CompactHeader::expand`), so it has its connection and kind, and is whole.
+        if first.kind != kind::REQUEST
+            || first.token != conn.token
+            || first.conn_index != conn.index
+        {
+            return Err("a batched request is not this connection's");
+        }
+        if first.frag_len != first.body_len || first.frag_offset != 0 {
+            return Err("a batched request is a fragment");
+        }
         loop {
-            if h.kind != kind::REQUEST || h.token != conn.token || h.conn_index != conn.index {
-                return Err("a batched request is not this connection's");
-            }
-            if h.frag_len != h.body_len || h.frag_offset != 0 {
-                return Err("a batched request is a fragment");
-            }
             let body_at = offset + header_len;
             h.validate_shape(self.config.max_message, run_len - body_at)?;
             // SAFETY: body_at + frag_len <= run_len (validate_shape against the room left),
