@@ -392,13 +392,16 @@ const _: () = {
 impl ShortHeader {
     /// The short form of request header `h`, if it has one (see the type's docs).
     pub fn of(h: &WireHeader) -> Option<ShortHeader> {
-        let fits = h.kind == kind::REQUEST
+        let plain = h.kind == kind::REQUEST
             && h.deadline_ns == 0
             && h.status == 0
             && h.metadata_len == 0
             && h.frag_offset == 0
             && h.frag_len == h.body_len
             && h.reserved[1] == 0;
+        if !plain {
+            return None;
+        }
         Some(ShortHeader {
             token: h.token,
             call_id: h.call_id,
@@ -409,7 +412,6 @@ impl ShortHeader {
             kind: kind::REQUEST_SHORT,
             nblocks: u16::try_from(h.nblocks).ok()?,
         })
-        .filter(|_| fits)
     }
 
     /// The header as bytes, to copy into shared memory.
