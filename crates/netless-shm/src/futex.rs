@@ -118,11 +118,10 @@ pub fn futex_wait_any(words: &[(&AtomicU32, u32)], timeout: Option<Duration>) ->
     }
     // futex_waitv takes an absolute deadline on the clock it is given.
     let deadline = timeout.map(|t| {
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let ns = now.tv_nsec as u64 + u64::from(t.subsec_nanos());
+        let now = crate::monotonic_ns();
+        let ns = now % 1_000_000_000 + u64::from(t.subsec_nanos());
         Timespec {
-            tv_sec: now
-                .tv_sec
+            tv_sec: ((now / 1_000_000_000) as i64)
                 .saturating_add(i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
                 .saturating_add((ns / 1_000_000_000) as i64),
             tv_nsec: (ns % 1_000_000_000) as i64,
