@@ -285,6 +285,19 @@ struct Scratch {
     /// (`CompactReply` entries) that goes out when the batch ends.
     collecting: bool,
     replies: ReplyBatch,
+    /// The worker's index into the replica's stats.
+    worker: usize,
+    /// The batch's OK calls not yet added to the worker's stats ([`ServerShared::flush_tally`]).
+    tally: Tally,
+}
+
+/// Counts of a batch's answered calls, added to the shared stats in one go instead of per
+/// call, always before any reply they count can reach the client.
+#[derive(Default)]
+struct Tally {
+    calls: u64,
+    bytes_in: u64,
+    bytes_out: u64,
 }
 
 /// Replies gathered for one connection, sent as one `RESPONSE_BATCH` ring record of
@@ -317,6 +330,7 @@ impl ReplyBatch {
     }
 
     /// Appends a reply that `entry_len` admitted (so its fields fit their widths).
+    #[inline]
     fn push(&mut self, call_id: u64, code: ReplyCode, metadata: &Metadata, payload: &[u8]) {
         let md_len = metadata.encoded_len();
         let at = align8(self.bytes.len());
@@ -1042,7 +1056,10 @@ impl ServerShared {
             }
         }
         let mut cache: Vec<Option<Arc<Conn>>> = vec![None; self.slots.len()];
-        let mut response = Scratch::default();
+        let mut response = Scratch {
+            worker,
+            ..Scratch::default()
+        };
         // Partitioned dispatch: worker w alone drains queue w; otherwise all share queue 0.
         let q = worker % self.heads.len();
         let view = &self.replica.queues()[q];
@@ -1433,6 +1450,7 @@ impl ServerShared {
         response.collecting = true;
         let served = self.serve_requests(conn, run, run_len, first, first_len, me, response);
         response.collecting = false;
+        self.flush_tally(response);
         let flushed = self.send_batch(conn, &mut response.replies);
         served.and(flushed)
     }
@@ -1607,9 +1625,12 @@ impl ServerShared {
             )))
         } else {
             // Take the response ring's next lines while the handler runs (a guess: a reply
-            // about as long as the request).
-            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-            prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
+            // about as long as the request). Not for a batch's requests: their replies are
+            // gathered privately and go into the ring when the batch ends.
+            if !response.collecting {
+                let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+                prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
+            }
             let request = Request {
                 method: &method,
                 metadata,
@@ -1627,24 +1648,37 @@ impl ServerShared {
                 )))
             })
         };
-        let stats = &self.replica.stats()[me.index];
-        bump(&stats.calls, 1);
-        bump(&stats.bytes_in, u64::from(h.body_len));
-        let code = match &result {
-            Ok(()) => Code::Ok,
-            Err(status) => status.code(),
-        };
-        bump(&stats.by_code[code as usize % 17], 1);
+        let stats = || &self.replica.stats()[me.index];
+        let deferred = builder.is_deferred();
+        if response.collecting && result.is_ok() && !deferred {
+            // Counted when the batch's replies go out (a deferred reply, sent by whoever
+            // holds it, is counted now, before it can be).
+            let tally = &mut response.tally;
+            tally.calls += 1;
+            tally.bytes_in += u64::from(h.body_len);
+            tally.bytes_out += builder.body().len() as u64;
+        } else {
+            let stats = stats();
+            bump(&stats.calls, 1);
+            bump(&stats.bytes_in, u64::from(h.body_len));
+            let code = match &result {
+                Ok(()) => Code::Ok,
+                Err(status) => status.code(),
+            };
+            bump(&stats.by_code[code as usize % 17], 1);
+            if result.is_ok() && !deferred {
+                bump(&stats.bytes_out, builder.body().len() as u64);
+            }
+        }
         let sent = match result {
             // The handle sends the reply (or its drop sends an error).
-            _ if builder.is_deferred() => Ok(()),
+            _ if deferred => Ok(()),
             Ok(()) => {
-                bump(&stats.bytes_out, builder.body().len() as u64);
                 let (metadata, body) = (&builder.metadata, builder.body());
                 self.reply(conn, h.call_id, Code::Ok.into(), metadata, body, response)
             }
             Err(status) => {
-                bump(&stats.errors, 1);
+                bump(&stats().errors, 1);
                 let message = status.message().as_bytes();
                 // Only a refusal says "not run": a handler's error (even a NACK it got from
                 // a call of its own) comes from a call that ran.
@@ -1663,9 +1697,11 @@ impl ServerShared {
         done_with_body();
         // While idle, start owning the lines a reply like this one will use next time (not
         // the first: the client polls its record word, and stealing it would only bounce).
-        let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-        let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
-        prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+        if !response.collecting {
+            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+            let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
+            prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+        }
         let (metadata, payload) = builder.into_parts();
         response.metadata = metadata;
         response.payload = payload;
@@ -1759,9 +1795,10 @@ impl ServerShared {
         })
     }
 
-    /// Writes a response (in fragments if needed) into the client's ring.
     /// Sends the reply to `call_id`: into the compact batch's record being gathered, if one
-    /// is and the reply is whole and short-metadata, else as a record of its own.
+    /// is and the reply is whole and short-metadata, else as a record of its own (in
+    /// fragments if needed). Inline: on a batch's path it is a few comparisons and a copy.
+    #[inline]
     fn reply(
         &self,
         conn: &Arc<Conn>,
@@ -1775,13 +1812,29 @@ impl ServerShared {
             let md_len = metadata.encoded_len();
             if let Some(entry) = ReplyBatch::entry_len(conn, call_id, md_len, payload.len()) {
                 if !acc.replies.fits(conn, entry) {
+                    self.flush_tally(acc);
                     self.send_batch(conn, &mut acc.replies)?;
                 }
                 acc.replies.push(call_id, code, metadata, payload);
                 return Ok(());
             }
         }
+        self.flush_tally(acc);
         self.respond(conn, call_id, code, metadata, payload)
+    }
+
+    /// Adds the calls tallied in `acc` to the worker's stats: before any reply is sent
+    /// while a batch is served, so a client that has its replies finds them counted.
+    fn flush_tally(&self, acc: &mut Scratch) {
+        if acc.tally.calls == 0 {
+            return;
+        }
+        let tally = std::mem::take(&mut acc.tally);
+        let stats = &self.replica.stats()[acc.worker];
+        bump(&stats.calls, tally.calls);
+        bump(&stats.by_code[Code::Ok as usize], tally.calls);
+        bump(&stats.bytes_in, tally.bytes_in);
+        bump(&stats.bytes_out, tally.bytes_out);
     }
 
     /// Sends `batch` (if it holds anything) as one `RESPONSE_BATCH` record and empties it.

@@ -158,7 +158,7 @@ fn pipelined_calls_are_matched_by_id_and_batched_as_the_registers_say() {
     let mean8 = run(&mut pipe, 4000, 64);
     let after8 = control.replica_stats();
     // No batching: one request per queue entry.
-    set(&control, "batch=1");
+    let set_reply = set(&control, "batch=1");
     let mean1 = run(&mut pipe, 2000, 64);
     let after1 = control.replica_stats();
     eprintln!("mean batch: fixed 8 → {mean8:.2}, 1 → {mean1:.2}");
@@ -172,6 +172,42 @@ fn pipelined_calls_are_matched_by_id_and_batched_as_the_registers_say() {
     assert_eq!(server_mean(&after8, &after1), 1.0);
     // Every pipelined call counted once, plus the `set batch=1` call in between.
     assert_eq!(after1.calls - before.calls, 6000 + 1);
+    // By status and bytes too (a batch's OK calls are counted together, before its replies
+    // go out): `run` sends methods in fives, the last two of each `Fail` (NOT_FOUND), and
+    // call `i` of a run carries `i % 300` bytes, which the others echo.
+    let code = |stats: &netless::ReplicaStats, code: Code| {
+        stats
+            .by_code
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map_or(0, |(_, n)| *n)
+    };
+    let fails = (0..4000u64).chain(0..2000).filter(|i| i % 5 >= 3).count() as u64;
+    assert_eq!(code(&after1, Code::NotFound) - code(&before, Code::NotFound), fails);
+    assert_eq!(after1.errors - before.errors, fails);
+    assert_eq!(
+        code(&after1, Code::Ok) - code(&before, Code::Ok),
+        6000 + 1 - fails
+    );
+    let payloads = |keep: fn(u64) -> bool| -> u64 {
+        (0..4000u64)
+            .chain(0..2000)
+            .filter(|i| keep(*i))
+            .map(|i| i % 300)
+            .sum()
+    };
+    let echoed = payloads(|i| i % 5 < 3);
+    assert_eq!(
+        after1.bytes_out - before.bytes_out,
+        echoed + set_reply.len() as u64
+    );
+    // Requests: every payload, and method names unless a compact request repeats them.
+    let bytes_in = after1.bytes_in - before.bytes_in;
+    let sent = payloads(|_| true);
+    assert!(
+        (sent..sent + 7 * 6000 + 100).contains(&bytes_in),
+        "{bytes_in} request bytes counted for {sent} payload bytes"
+    );
 
     // Adaptive: whatever the load, every call is answered. One call at a time finds the
     // server idle and goes alone (no batching latency); a deep window batches.
