@@ -1033,12 +1033,23 @@ impl Shared {
     /// server's SLO allows (NEBULA's NACK: such a request would miss its SLO anyway).
     /// `unpublished`: requests of ours that will enter the queue ahead of this one (a
     /// pipeline's open batch).
+    #[inline]
     pub(crate) fn check_depth(&self, unpublished: u64) -> Result<(), Status> {
-        let ctrl = self.replica.server_control();
-        let limit = ctrl.depth_limit.load(Ordering::Relaxed);
+        // Inline up to here: without an SLO (no limit) a pipelined submit pays one load.
+        let limit = self
+            .replica
+            .server_control()
+            .depth_limit
+            .load(Ordering::Relaxed);
         if limit == 0 {
             return Ok(());
         }
+        self.check_depth_against(unpublished, limit)
+    }
+
+    #[cold]
+    fn check_depth_against(&self, unpublished: u64, limit: u32) -> Result<(), Status> {
+        let ctrl = self.replica.server_control();
         let queue = self.replica.queue_for(self.conn_index);
         // The queue holds entries, the limit counts requests: scale by the requests per
         // entry the server has seen lately (batches hold several).

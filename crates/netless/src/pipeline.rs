@@ -440,12 +440,9 @@ impl Pipeline {
                 std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, COMPACT_HEADER_LEN);
                 COMPACT_HEADER_LEN
             };
-            crate::client::copy_body_range(
-                &[name, &[], payload],
-                0,
-                name.len() + payload.len(),
-                dst.add(header_len),
-            );
+            let body = dst.add(header_len);
+            netless_shm::copy::copy_bytes(name.as_ptr(), body, name.len());
+            netless_shm::copy::copy_bytes(payload.as_ptr(), body.add(name.len()), payload.len());
         }
         if !repeats {
             self.last_method.clear();
@@ -814,7 +811,21 @@ impl Pipeline {
 }
 
 /// A reply's outcome from its status code, metadata encoding and the rest of its body.
+#[inline]
 fn outcome<'b>(code: ReplyCode, metadata: &[u8], rest: &'b [u8]) -> Result<&'b [u8], Status> {
+    // Inline up to here: most replies are OK and carry no metadata.
+    if metadata.is_empty() && code.code == Code::Ok {
+        return Ok(rest);
+    }
+    outcome_of_the_rest(code, metadata, rest)
+}
+
+#[cold]
+fn outcome_of_the_rest<'b>(
+    code: ReplyCode,
+    metadata: &[u8],
+    rest: &'b [u8],
+) -> Result<&'b [u8], Status> {
     if !metadata.is_empty() {
         Metadata::decode(metadata)?;
     }
@@ -872,6 +883,7 @@ fn for_each_compact_reply(
 }
 
 /// [`Pipeline::complete`] on the fields it touches (for loops that also borrow the client).
+#[inline]
 fn complete(
     slots: &mut [u32],
     free: &mut Vec<u32>,
