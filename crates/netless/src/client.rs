@@ -1047,7 +1047,8 @@ impl Shared {
         self.check_depth_against(unpublished, limit)
     }
 
-    #[cold]
+    /// [`Shared::check_depth`] under an SLO's `limit` (out of line: most clients have none).
+    #[inline(never)]
     fn check_depth_against(&self, unpublished: u64, limit: u32) -> Result<(), Status> {
         let ctrl = self.replica.server_control();
         let queue = self.replica.queue_for(self.conn_index);

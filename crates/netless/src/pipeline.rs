@@ -820,7 +820,8 @@ fn outcome<'b>(code: ReplyCode, metadata: &[u8], rest: &'b [u8]) -> Result<&'b [
     outcome_of_the_rest(code, metadata, rest)
 }
 
-#[cold]
+/// [`outcome`] of a reply with metadata or an error status (out of line).
+#[inline(never)]
 fn outcome_of_the_rest<'b>(
     code: ReplyCode,
     metadata: &[u8],

@@ -291,8 +291,8 @@ struct Scratch {
     tally: Tally,
 }
 
-/// Counts of a batch's answered calls, added to the shared stats in one go instead of per
-/// call, always before any reply they count can reach the client.
+/// Counts of a batch's calls answered OK (and not deferred), added to the shared stats in
+/// one go instead of per call, always before any reply they count can reach the client.
 #[derive(Default)]
 struct Tally {
     calls: u64,

@@ -183,7 +183,10 @@ fn pipelined_calls_are_matched_by_id_and_batched_as_the_registers_say() {
             .map_or(0, |(_, n)| *n)
     };
     let fails = (0..4000u64).chain(0..2000).filter(|i| i % 5 >= 3).count() as u64;
-    assert_eq!(code(&after1, Code::NotFound) - code(&before, Code::NotFound), fails);
+    assert_eq!(
+        code(&after1, Code::NotFound) - code(&before, Code::NotFound),
+        fails
+    );
     assert_eq!(after1.errors - before.errors, fails);
     assert_eq!(
         code(&after1, Code::Ok) - code(&before, Code::Ok),
