@@ -162,6 +162,62 @@ fn stat_counts_calls_and_ctl_reads_and_sets_registers() {
     server.stop(Signal::TERM);
 }
 
+/// `ping --window`: pipelined calls in fixed batches of 8, each counted once with its bytes
+/// (a batch's OK calls are counted together, before its replies go out).
+#[test]
+fn pipelined_ping_is_counted_call_by_call() {
+    let dir = TestDir::new("p");
+    let service = "t.Pipe";
+    let server = start_server(&dir, service, &[]);
+    run(
+        &dir,
+        &["ctl", service, "set", "batch_mode=fixed", "batch=8"],
+        SHORT,
+    )
+    .ok();
+    let ok = |s: &Value| s["by_code"]["OK"].as_u64().unwrap_or(0);
+    let before = stat(&dir, service);
+    for (window, count) in [("64", "3001"), ("200", "5000")] {
+        let out = run(
+            &dir,
+            &[
+                "ping",
+                service,
+                "--window",
+                window,
+                "--count",
+                count,
+                "--payload",
+                "100",
+            ],
+            SHORT,
+        )
+        .ok();
+        assert!(
+            out.stdout
+                .contains(&format!("{count} calls, {count} ok, 0 failed")),
+            "{}",
+            out.describe()
+        );
+    }
+    let s = stat(&dir, service);
+    let delta = |key: &str| counter(&s, key) - counter(&before, key);
+    assert_eq!(delta("calls"), 8001, "{s:#}");
+    assert_eq!(ok(&s) - ok(&before), 8001, "{s:#}");
+    assert_eq!(delta("errors"), 0, "{s:#}");
+    assert_eq!(delta("bytes_out"), 8001 * 100, "{s:#}");
+    // Requests carry the method's name too, except a batched one repeating it.
+    assert!(
+        (8001 * 100..=8001 * 104).contains(&delta("bytes_in")),
+        "{s:#}"
+    );
+    assert!(
+        delta("calls") > 2 * delta("entries"),
+        "pipelined calls were not batched\n{s:#}"
+    );
+    server.stop(Signal::TERM);
+}
+
 #[test]
 fn ctl_wait_change_takes_effect_under_load() {
     let dir = TestDir::new("w");

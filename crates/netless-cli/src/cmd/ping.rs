@@ -25,9 +25,17 @@ pub struct Args {
     /// Method to call.
     #[arg(long, default_value = "Echo")]
     pub method: String,
+    /// Calls kept in flight at once on one pipelined connection (batched as the service's
+    /// registers say). Above 1, ping is a closed-loop load: no pause, no line per call, the
+    /// rate at the end.
+    #[arg(long, short = 'w', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub window: u32,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.window > 1 {
+        return run_window(&args);
+    }
     let mut failures: BTreeMap<Code, u64> = BTreeMap::new();
     let mut times_us: Vec<f64> = Vec::new();
     println!(
@@ -100,6 +108,90 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             sorted[sorted.len() - 1]
         );
     }
+    if failed > 0 {
+        let by_code: Vec<String> = failures.iter().map(|(c, n)| format!("{c} {n}")).collect();
+        println!("failures by status: {}", by_code.join(", "));
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--window N`: `count` calls through a `Pipeline`, up to `window` in flight. A reply must
+/// echo the payload; `deadline_ms` bounds the wait for any one reply.
+fn run_window(args: &Args) -> anyhow::Result<ExitCode> {
+    println!(
+        "PING {} ({} bytes of payload, {} in flight) over netless",
+        args.service, args.payload, args.window
+    );
+    let payload: Vec<u8> = (0..args.payload).map(|i| i as u8).collect();
+    let mut failures: BTreeMap<Code, u64> = BTreeMap::new();
+    let config = netless::ClientConfig {
+        max_in_flight: args.window,
+        ..netless::ClientConfig::default()
+    };
+    let mut pipe = match netless::Pipeline::connect(&args.service, config) {
+        Ok(pipe) => pipe,
+        Err(status) => {
+            println!("connect: {status}");
+            println!("failures by status: {} {}", status.code(), args.count);
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let (mut sent, mut answered, mut ok) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    let patience = Duration::from_millis(args.deadline_ms);
+    let mut last_reply = Instant::now();
+    while answered < args.count {
+        while sent < args.count && pipe.in_flight() < args.window {
+            sent += 1;
+            if let Err(status) = pipe.submit(&args.method, &payload) {
+                *failures.entry(status.code()).or_default() += 1;
+                answered += 1;
+                // A NACK: collect replies before sending more.
+                break;
+            }
+        }
+        let polled = pipe.poll(|_, reply| match reply {
+            Ok(bytes) if bytes == payload.as_slice() => ok += 1,
+            Ok(_) => *failures.entry(Code::DataLoss).or_default() += 1,
+            Err(status) => *failures.entry(status.code()).or_default() += 1,
+        });
+        let lost = match polled {
+            Ok(0) if pipe.in_flight() == 0 => None,
+            Ok(0) => match patience.checked_sub(last_reply.elapsed()) {
+                Some(left) => pipe.wait(Some(left)).err(),
+                None => Some(netless::Status::deadline_exceeded(format!(
+                    "no reply from `{}` within --deadline-ms {}: giving up the {} calls in flight",
+                    args.service,
+                    args.deadline_ms,
+                    pipe.in_flight()
+                ))),
+            },
+            Ok(n) => {
+                answered += n as u64;
+                last_reply = Instant::now();
+                None
+            }
+            Err(status) => Some(status),
+        };
+        if let Some(status) = lost {
+            println!("{status}");
+            let left = args.count - ok - failures.values().sum::<u64>();
+            *failures.entry(status.code()).or_default() += left;
+            break;
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let failed: u64 = failures.values().sum();
+    println!();
+    println!("--- {} netless ping statistics ---", args.service);
+    println!("{} calls, {ok} ok, {failed} failed", args.count);
+    println!(
+        "{:.3} Mcalls/s over {:.3} s ({} in flight)",
+        ok as f64 / elapsed / 1e6,
+        elapsed,
+        args.window
+    );
     if failed > 0 {
         let by_code: Vec<String> = failures.iter().map(|(c, n)| format!("{c} {n}")).collect();
         println!("failures by status: {}", by_code.join(", "));
