@@ -118,6 +118,22 @@ fn ping_reports_failures_by_status_and_exits_nonzero() {
         "{report}"
     );
     assert!(!out.stdout.contains("rtt min/avg"), "{report}");
+    // The same pipelined.
+    let out = run(
+        &dir,
+        &["ping", "no.Such", "--count", "5", "--window", "4"],
+        SHORT,
+    );
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        out.stdout.lines().any(|l| l == "5 calls, 0 ok, 5 failed"),
+        "{report}"
+    );
+    assert!(
+        out.stdout.contains("failures by status: UNAVAILABLE 5"),
+        "{report}"
+    );
 
     let service = "cli.Payload";
     let mut server = start_echo_server(&dir, service);
@@ -563,6 +579,13 @@ fn unknown_subcommand_and_bad_args_fail_with_usage() {
         "{report}"
     );
     assert!(out.stdout.is_empty(), "{report}");
+    let out = run(&dir, &["ping", "x.Y", "--window", "0"], SHORT);
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    assert!(
+        out.stderr.contains("invalid value '0' for '--window"),
+        "{report}"
+    );
 
     // Arguments that parse but make no sense: an error, not a panic.
     let out = run(&dir, &["bench", "echo", "--calls", "0"], SHORT);

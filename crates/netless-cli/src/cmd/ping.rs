@@ -129,16 +129,16 @@ fn run_window(args: &Args) -> anyhow::Result<ExitCode> {
         max_in_flight: args.window,
         ..netless::ClientConfig::default()
     };
+    let (mut sent, mut answered, mut ok) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
     let mut pipe = match netless::Pipeline::connect(&args.service, config) {
         Ok(pipe) => pipe,
         Err(status) => {
             println!("connect: {status}");
-            println!("failures by status: {} {}", status.code(), args.count);
-            return Ok(ExitCode::from(1));
+            failures.insert(status.code(), args.count);
+            return summarise_window(args, ok, &failures, start);
         }
     };
-    let (mut sent, mut answered, mut ok) = (0u64, 0u64, 0u64);
-    let start = Instant::now();
     let patience = Duration::from_millis(args.deadline_ms);
     let mut last_reply = Instant::now();
     while answered < args.count {
@@ -181,6 +181,16 @@ fn run_window(args: &Args) -> anyhow::Result<ExitCode> {
             break;
         }
     }
+    summarise_window(args, ok, &failures, start)
+}
+
+/// The statistics of a `--window` run; exit status 1 if any call failed.
+fn summarise_window(
+    args: &Args,
+    ok: u64,
+    failures: &BTreeMap<Code, u64>,
+    start: Instant,
+) -> anyhow::Result<ExitCode> {
     let elapsed = start.elapsed().as_secs_f64();
     let failed: u64 = failures.values().sum();
     println!();
