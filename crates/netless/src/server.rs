@@ -287,12 +287,12 @@ struct Scratch {
     replies: ReplyBatch,
     /// The worker's index into the replica's stats.
     worker: usize,
-    /// The batch's OK calls not yet added to the worker's stats ([`ServerShared::flush_tally`]).
+    /// OK calls not yet added to the worker's stats ([`ServerShared::flush_tally`]).
     tally: Tally,
 }
 
-/// Counts of a batch's calls answered OK (and not deferred), added to the shared stats in
-/// one go instead of per call, always before any reply they count can reach the client.
+/// Counts of calls answered OK (and not deferred), added to the shared stats before any reply
+/// they count can reach the client: a batch's in one go instead of per call.
 #[derive(Default)]
 struct Tally {
     calls: u64,
@@ -1650,14 +1650,18 @@ impl ServerShared {
         };
         let stats = || &self.replica.stats()[me.index];
         let deferred = builder.is_deferred();
-        if response.collecting && result.is_ok() && !deferred {
-            // Counted when the batch's replies go out (a deferred reply, sent by whoever
-            // holds it, is counted now, before it can be).
+        if result.is_ok() && !deferred {
+            // Tallied, and added to the stats before the reply can go out: at once for a
+            // lone request, when the batch's replies go out for a batched one.
             let tally = &mut response.tally;
             tally.calls += 1;
             tally.bytes_in += u64::from(h.body_len);
             tally.bytes_out += builder.body().len() as u64;
+            if !response.collecting {
+                self.flush_tally(response);
+            }
         } else {
+            // An error, or a deferred reply (sent by whoever holds it): counted now.
             let stats = stats();
             bump(&stats.calls, 1);
             bump(&stats.bytes_in, u64::from(h.body_len));
@@ -1666,9 +1670,6 @@ impl ServerShared {
                 Err(status) => status.code(),
             };
             bump(&stats.by_code[code as usize % 17], 1);
-            if result.is_ok() && !deferred {
-                bump(&stats.bytes_out, builder.body().len() as u64);
-            }
         }
         let sent = match result {
             // The handle sends the reply (or its drop sends an error).
@@ -1823,8 +1824,8 @@ impl ServerShared {
         self.respond(conn, call_id, code, metadata, payload)
     }
 
-    /// Adds the calls tallied in `acc` to the worker's stats: before any reply is sent
-    /// while a batch is served, so a client that has its replies finds them counted.
+    /// Adds the calls tallied in `acc` to the worker's stats; called before any reply they
+    /// count is sent, so a client that has its replies finds them counted.
     fn flush_tally(&self, acc: &mut Scratch) {
         if acc.tally.calls == 0 {
             return;
