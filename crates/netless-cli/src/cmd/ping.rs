@@ -85,35 +85,44 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let failed: u64 = failures.values().sum();
-    println!();
-    println!("--- {} netless ping statistics ---", args.service);
-    println!(
-        "{} calls, {} ok, {} failed",
-        args.count,
-        times_us.len(),
-        failed
-    );
-    if !times_us.is_empty() {
+    let rtt = (!times_us.is_empty()).then(|| {
         let mut sorted = times_us.clone();
         sorted.sort_by(f64::total_cmp);
         let pct = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
         let avg = sorted.iter().sum::<f64>() / sorted.len() as f64;
-        println!(
+        format!(
             "rtt min/avg/p50/p99/max = {:.2}/{:.2}/{:.2}/{:.2}/{:.2} µs",
             sorted[0],
             avg,
             pct(0.50),
             pct(0.99),
             sorted[sorted.len() - 1]
-        );
+        )
+    });
+    Ok(summarise(&args, times_us.len() as u64, &failures, rtt))
+}
+
+/// Prints ping's statistics (`detail` after the counts) and gives its exit status: 1 if any
+/// call failed.
+fn summarise(
+    args: &Args,
+    ok: u64,
+    failures: &BTreeMap<Code, u64>,
+    detail: Option<String>,
+) -> ExitCode {
+    let failed: u64 = failures.values().sum();
+    println!();
+    println!("--- {} netless ping statistics ---", args.service);
+    println!("{} calls, {ok} ok, {failed} failed", args.count);
+    if let Some(detail) = detail {
+        println!("{detail}");
     }
     if failed > 0 {
         let by_code: Vec<String> = failures.iter().map(|(c, n)| format!("{c} {n}")).collect();
         println!("failures by status: {}", by_code.join(", "));
-        return Ok(ExitCode::from(1));
+        return ExitCode::from(1);
     }
-    Ok(ExitCode::SUCCESS)
+    ExitCode::SUCCESS
 }
 
 /// `--window N`: `count` calls through a `Pipeline`, up to `window` in flight. A reply must
@@ -184,7 +193,7 @@ fn run_window(args: &Args) -> anyhow::Result<ExitCode> {
     summarise_window(args, ok, &failures, start)
 }
 
-/// The statistics of a `--window` run; exit status 1 if any call failed.
+/// The statistics of a `--window` run, with its rate.
 fn summarise_window(
     args: &Args,
     ok: u64,
@@ -192,20 +201,11 @@ fn summarise_window(
     start: Instant,
 ) -> anyhow::Result<ExitCode> {
     let elapsed = start.elapsed().as_secs_f64();
-    let failed: u64 = failures.values().sum();
-    println!();
-    println!("--- {} netless ping statistics ---", args.service);
-    println!("{} calls, {ok} ok, {failed} failed", args.count);
-    println!(
+    let rate = format!(
         "{:.3} Mcalls/s over {:.3} s ({} in flight)",
         ok as f64 / elapsed / 1e6,
         elapsed,
         args.window
     );
-    if failed > 0 {
-        let by_code: Vec<String> = failures.iter().map(|(c, n)| format!("{c} {n}")).collect();
-        println!("failures by status: {}", by_code.join(", "));
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(summarise(args, ok, failures, Some(rate)))
 }
