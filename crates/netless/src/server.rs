@@ -329,21 +329,44 @@ impl ReplyBatch {
         align8(self.bytes.len()) + entry <= conn.record_limit - RESPONSE_HEADER_LEN
     }
 
-    /// Appends a reply that `entry_len` admitted (so its fields fit their widths).
-    #[inline]
+    /// Appends a reply that `entry_len` admitted (so its fields fit their widths). Inline:
+    /// a batch's replies go through here one by one.
+    #[inline(always)]
     fn push(&mut self, call_id: u64, code: ReplyCode, metadata: &Metadata, payload: &[u8]) {
         let md_len = metadata.encoded_len();
-        let at = align8(self.bytes.len());
-        self.bytes.resize(at, 0);
+        let len = self.bytes.len();
+        let at = align8(len);
+        // One reservation for the padding, header and body: nothing below grows the buffer.
+        self.bytes
+            .reserve(at - len + COMPACT_REPLY_LEN + md_len + payload.len());
         let header = CompactReply {
             call_id: call_id as u32,
             body_len: (md_len + payload.len()) as u16,
             metadata_len: md_len as u8,
             status: code.wire8(),
         };
-        self.bytes.extend_from_slice(header.as_bytes());
-        metadata.encode_into(&mut self.bytes);
-        netless_shm::copy::extend(&mut self.bytes, payload);
+        // SAFETY: the capacity covers `at + COMPACT_REPLY_LEN` (reserved above, and
+        // `len + 8 <= at + COMPACT_REPLY_LEN`), and every byte in `len..at +
+        // COMPACT_REPLY_LEN` is written (eight zero bytes from `len`, covering the padding,
+        // then the header at `at`) before `set_len` makes it part of the vector.
+        unsafe {
+            let base = self.bytes.as_mut_ptr();
+            base.add(len).cast::<u64>().write_unaligned(0);
+            let header = header.as_bytes();
+            std::ptr::copy_nonoverlapping(header.as_ptr(), base.add(at), COMPACT_REPLY_LEN);
+            self.bytes.set_len(at + COMPACT_REPLY_LEN);
+        }
+        if md_len != 0 {
+            metadata.encode_into(&mut self.bytes);
+        }
+        let len = self.bytes.len();
+        // SAFETY: the reservation covers the payload after the metadata; the bytes are
+        // written before `set_len` exposes them, and `payload` cannot overlap our buffer.
+        unsafe {
+            let dst = self.bytes.as_mut_ptr().add(len);
+            netless_shm::copy::copy_bytes(payload.as_ptr(), dst, payload.len());
+            self.bytes.set_len(len + payload.len());
+        }
         self.count += 1;
     }
 }
@@ -1469,10 +1492,9 @@ impl ServerShared {
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
         let mut h = first;
-        // Where the current request's header starts, and how long that header is (the
-        // requests after the first carry a CompactHeader).
-        let mut offset = 0usize;
-        let mut header_len = first_len;
+        // Where the current request's body starts (the requests after the first carry a
+        // CompactHeader).
+        let mut body_at = first_len;
         let mut more = first.reserved[0] & wire_flags::BATCH_MORE != 0;
         // The current request calls the method of the one before it (only a compact
         // request after the first may say so: the first always names its method).
@@ -1492,11 +1514,11 @@ impl ServerShared {
         if first.frag_len != first.body_len || first.frag_offset != 0 {
             return Err("a batched request is a fragment");
         }
+        h.validate_shape(self.config.max_message, run_len - body_at)?;
         loop {
-            let body_at = offset + header_len;
-            h.validate_shape(self.config.max_message, run_len - body_at)?;
-            // SAFETY: body_at + frag_len <= run_len (validate_shape against the room left),
-            // and the run lies inside the mapping.
+            // SAFETY: body_at + frag_len <= run_len (the first request's validate_shape, or
+            // the compact header's, against the room left), and the run lies inside the
+            // mapping.
             let fragment =
                 unsafe { std::slice::from_raw_parts(run.add(body_at), h.frag_len as usize) };
             self.dispatch(conn, &h, fragment, same_method, me, response, || {})?;
@@ -1504,7 +1526,7 @@ impl ServerShared {
             if !more {
                 break;
             }
-            offset = align8(body_at + h.frag_len as usize);
+            let offset = align8(body_at + h.frag_len as usize);
             if offset + COMPACT_HEADER_LEN > run_len {
                 return Err("a batch runs past its blocks");
             }
@@ -1515,7 +1537,10 @@ impl ServerShared {
             if same_method && c.method_len != 0 {
                 return Err("a request repeating the method before it names one too");
             }
-            header_len = COMPACT_HEADER_LEN;
+            body_at = offset + COMPACT_HEADER_LEN;
+            // What `validate_shape` would check of the expanded header, without making it
+            // first.
+            c.validate_shape(self.config.max_message, run_len - body_at)?;
             h = c.expand(&first);
             prefetch_read_range(run.wrapping_add(offset), 2 * 64, 2);
         }
@@ -1688,7 +1713,7 @@ impl ServerShared {
                 } else {
                     status.code().into()
                 };
-                self.reply(conn, h.call_id, code, &Metadata::new(), message, response)
+                self.reply_error(conn, h.call_id, code, message, response)
             }
         };
         // The blocks go back to the client only now: a reply may borrow them, and the store
@@ -1798,8 +1823,9 @@ impl ServerShared {
 
     /// Sends the reply to `call_id`: into the compact batch's record being gathered, if one
     /// is and the reply is whole and short-metadata, else as a record of its own (in
-    /// fragments if needed). Inline: on a batch's path it is a few comparisons and a copy.
-    #[inline]
+    /// fragments if needed). Inline: on a batch's path it is a few comparisons and a copy,
+    /// which a call would double.
+    #[inline(always)]
     fn reply(
         &self,
         conn: &Arc<Conn>,
@@ -1822,6 +1848,20 @@ impl ServerShared {
         }
         self.flush_tally(acc);
         self.respond(conn, call_id, code, metadata, payload)
+    }
+
+    /// [`ServerShared::reply`] with an error's message: out of line, so the OK path's copy
+    /// stays the only one inlined.
+    #[inline(never)]
+    fn reply_error(
+        &self,
+        conn: &Arc<Conn>,
+        call_id: u64,
+        code: ReplyCode,
+        message: &[u8],
+        acc: &mut Scratch,
+    ) -> Result<(), &'static str> {
+        self.reply(conn, call_id, code, &Metadata::new(), message, acc)
     }
 
     /// Adds the calls tallied in `acc` to the worker's stats; called before any reply they
