@@ -345,10 +345,8 @@ impl ReplyBatch {
             metadata_len: md_len as u8,
             status: code.wire8(),
         };
-        // SAFETY: the capacity covers `at + COMPACT_REPLY_LEN` (reserved above, and
-        // `len + 8 <= at + COMPACT_REPLY_LEN`), and every byte in `len..at +
-        // COMPACT_REPLY_LEN` is written (eight zero bytes from `len`, covering the padding,
-        // then the header at `at`) before `set_len` makes it part of the vector.
+        // SAFETY: capacity >= at + COMPACT_REPLY_LEN >= len + 8 (reserved above); eight zero
+        // bytes at `len` (the padding) and the header at `at` fill `len..at + 8` first.
         unsafe {
             let base = self.bytes.as_mut_ptr();
             base.add(len).cast::<u64>().write_unaligned(0);
