@@ -95,6 +95,20 @@ fn echo_server_serves_until_sigterm_and_exits_cleanly() {
     }
 }
 
+/// A ping whose `n` calls all failed with `code`: exit status 1, the summary line, and the
+/// count by status.
+fn assert_all_failed(out: &Output, n: usize, code: &str) {
+    let report = out.describe();
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let summary = format!("{n} calls, 0 ok, {n} failed");
+    assert!(out.stdout.lines().any(|l| l == summary), "{report}");
+    assert!(
+        out.stdout
+            .contains(&format!("failures by status: {code} {n}")),
+        "{report}"
+    );
+}
+
 #[test]
 fn ping_reports_failures_by_status_and_exits_nonzero() {
     let dir = TestDir::new("ping");
@@ -105,35 +119,15 @@ fn ping_reports_failures_by_status_and_exits_nonzero() {
         &["ping", "no.Such", "--count", "2", "--interval-ms", "0"],
         SHORT,
     );
-    let report = out.describe();
-    assert!(!out.status.success(), "{report}");
-    assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(out.stdout.contains("UNAVAILABLE"), "{report}");
-    assert!(
-        out.stdout.lines().any(|l| l == "2 calls, 0 ok, 2 failed"),
-        "{report}"
-    );
-    assert!(
-        out.stdout.contains("failures by status: UNAVAILABLE 2"),
-        "{report}"
-    );
-    assert!(!out.stdout.contains("rtt min/avg"), "{report}");
+    assert_all_failed(&out, 2, "UNAVAILABLE");
+    assert!(!out.stdout.contains("rtt min/avg"), "{}", out.describe());
     // The same pipelined.
     let out = run(
         &dir,
         &["ping", "no.Such", "--count", "5", "--window", "4"],
         SHORT,
     );
-    let report = out.describe();
-    assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(
-        out.stdout.lines().any(|l| l == "5 calls, 0 ok, 5 failed"),
-        "{report}"
-    );
-    assert!(
-        out.stdout.contains("failures by status: UNAVAILABLE 5"),
-        "{report}"
-    );
+    assert_all_failed(&out, 5, "UNAVAILABLE");
 
     let service = "cli.Payload";
     let mut server = start_echo_server(&dir, service);
@@ -179,17 +173,7 @@ fn ping_reports_failures_by_status_and_exits_nonzero() {
         ],
         SHORT,
     );
-    let report = out.describe();
-    assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(
-        out.stdout.lines().any(|l| l == "2 calls, 0 ok, 2 failed"),
-        "{report}"
-    );
-    assert!(
-        out.stdout
-            .contains("failures by status: DEADLINE_EXCEEDED 2"),
-        "{report}"
-    );
+    assert_all_failed(&out, 2, "DEADLINE_EXCEEDED");
 
     // Larger than the server's maximum message (4 MiB by default): RESOURCE_EXHAUSTED.
     let out = run(
@@ -206,17 +190,7 @@ fn ping_reports_failures_by_status_and_exits_nonzero() {
         ],
         SHORT,
     );
-    let report = out.describe();
-    assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(
-        out.stdout.lines().any(|l| l == "1 calls, 0 ok, 1 failed"),
-        "{report}"
-    );
-    assert!(
-        out.stdout
-            .contains("failures by status: RESOURCE_EXHAUSTED 1"),
-        "{report}"
-    );
+    assert_all_failed(&out, 1, "RESOURCE_EXHAUSTED");
 
     // The failed calls did not hurt the server: it still answers, then stops cleanly.
     let out = run(
