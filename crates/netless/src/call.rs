@@ -109,11 +109,16 @@ pub struct ResponseBuilder<'a> {
     deferred: bool,
 }
 
-/// Makes the [`DeferredReply`] for the call being handled.
-type DeferFn<'a> = dyn Fn() -> Result<DeferredReply, Status> + 'a;
+/// Makes the [`DeferredReply`] for a call, given its id.
+type DeferFn<'a> = dyn Fn(u64) -> Result<DeferredReply, Status> + 'a;
 
+/// How to defer the call being handled: one hook serves every call of a batch, each
+/// setting its own id.
 #[derive(Clone, Copy)]
-struct DeferHook<'a>(&'a DeferFn<'a>);
+struct DeferHook<'a> {
+    make: &'a DeferFn<'a>,
+    call_id: u64,
+}
 
 impl std::fmt::Debug for DeferHook<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -142,7 +147,7 @@ impl<'a> ResponseBuilder<'a> {
                 "only a call being served by a netless Server can defer",
             )
         })?;
-        let reply = (hook.0)()?;
+        let reply = (hook.make)(hook.call_id)?;
         self.deferred = true;
         Ok(reply)
     }
@@ -160,8 +165,21 @@ impl<'a> ResponseBuilder<'a> {
         }
     }
 
-    pub(crate) fn set_defer_hook(&mut self, hook: &'a DeferFn<'a>) {
-        self.defer_hook = Some(DeferHook(hook));
+    pub(crate) fn set_defer_hook(&mut self, make: &'a DeferFn<'a>, call_id: u64) {
+        self.defer_hook = Some(DeferHook { make, call_id });
+    }
+
+    /// Ready for the next call, `call_id`, of a batch served with this builder: what the
+    /// last call wrote is gone (allocations kept), the defer hook names the new call.
+    #[inline(always)]
+    pub(crate) fn reset(&mut self, call_id: u64) {
+        self.metadata.clear();
+        self.payload.clear();
+        self.borrowed = None;
+        self.deferred = false;
+        if let Some(hook) = &mut self.defer_hook {
+            hook.call_id = call_id;
+        }
     }
 
     pub(crate) fn is_deferred(&self) -> bool {

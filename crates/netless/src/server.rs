@@ -1530,26 +1530,211 @@ impl ServerShared {
             if !more {
                 break;
             }
-            let offset = align8(body_at + h.frag_len as usize);
-            if offset + COMPACT_HEADER_LEN > run_len {
-                return Err("a batch runs past its blocks");
+            let (mut c, mut at) = self.next_compact(run, run_len, body_at + fragment.len())?;
+            // The method just served, called again: the lean path, unless these requests
+            // are refused unrun or go to the runtime's own methods.
+            if c.flags & compact_flags::SAME_METHOD != 0
+                && response.shed.is_none()
+                && !response.method.starts_with(crate::control::PREFIX)
+            {
+                match self.serve_same_method(
+                    conn,
+                    run,
+                    run_len,
+                    (c, at),
+                    me,
+                    response,
+                    &mut count,
+                )? {
+                    Some(next) => (c, at) = next,
+                    None => break,
+                }
             }
-            // SAFETY: offset + COMPACT_HEADER_LEN <= run_len: a whole header in the run.
-            let c = unsafe { CompactHeader::read_from(run.add(offset)) };
             more = c.flags & compact_flags::MORE != 0;
             same_method = c.flags & compact_flags::SAME_METHOD != 0;
-            if same_method && c.method_len != 0 {
-                return Err("a request repeating the method before it names one too");
-            }
-            body_at = offset + COMPACT_HEADER_LEN;
-            // What `validate_shape` would check of the expanded header, without making it
-            // first.
-            c.validate_shape(self.config.max_message, run_len - body_at)?;
+            body_at = at;
             h = c.expand(&first);
-            prefetch_read_range(run.wrapping_add(offset), 2 * 64, 2);
         }
         response.batch = count;
         Ok(())
+    }
+
+    /// The compact request after a body that ends at `end` in a batch's run of `run_len`
+    /// bytes: its header, checked as `validate_shape` would check its expansion, and where
+    /// its body starts (which, with its length, then lies inside the run).
+    #[inline(always)]
+    fn next_compact(
+        &self,
+        run: *mut u8,
+        run_len: usize,
+        end: usize,
+    ) -> Result<(CompactHeader, usize), &'static str> {
+        let offset = align8(end);
+        if offset + COMPACT_HEADER_LEN > run_len {
+            return Err("a batch runs past its blocks");
+        }
+        // SAFETY: offset + COMPACT_HEADER_LEN <= run_len: a whole header in the run.
+        let c = unsafe { CompactHeader::read_from(run.add(offset)) };
+        if c.flags & compact_flags::SAME_METHOD != 0 && c.method_len != 0 {
+            return Err("a request repeating the method before it names one too");
+        }
+        let body_at = offset + COMPACT_HEADER_LEN;
+        c.validate_shape(self.config.max_message, run_len - body_at)?;
+        prefetch_read_range(run.wrapping_add(offset), 2 * 64, 2);
+        Ok((c, body_at))
+    }
+
+    /// Serves the batch's requests from `next` on while each calls the method of the one
+    /// before it, which the worker just served: one builder and one `Request` for all of
+    /// them, and none of `dispatch`'s checks that a compact request cannot need (it carries
+    /// no method name, metadata, deadline or payload by reference). The caller has ruled
+    /// out refusals and control methods. Returns the first request that names its method,
+    /// for `dispatch`, or `None` at the batch's end; `count` counts the requests served.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_same_method(
+        &self,
+        conn: &Arc<Conn>,
+        run: *mut u8,
+        run_len: usize,
+        next: (CompactHeader, usize),
+        me: &WorkerSlot,
+        response: &mut Scratch,
+        count: &mut u32,
+    ) -> Result<Option<(CompactHeader, usize)>, &'static str> {
+        let (mut c, mut body_at) = next;
+        let method = std::mem::take(&mut response.method);
+        let mut builder = ResponseBuilder::recycle(
+            std::mem::take(&mut response.metadata),
+            std::mem::take(&mut response.payload),
+        );
+        let defer = |call_id| self.defer(conn, call_id);
+        builder.set_defer_hook(&defer, 0);
+        let mut request = Request {
+            method: &method,
+            metadata: Metadata::new(),
+            payload: &[],
+            deadline: None,
+        };
+        let outcome = loop {
+            // SAFETY: body_at + body_len <= run_len (next_compact), inside the mapping.
+            let body =
+                unsafe { std::slice::from_raw_parts(run.add(body_at), usize::from(c.body_len)) };
+            let call_id = u64::from(c.call_id);
+            builder.reset(call_id);
+            request.payload = body;
+            let result = self.call_handler(&request, &mut builder);
+            let sent = self.finish_call(
+                conn,
+                call_id,
+                c.body_len.into(),
+                result,
+                &builder,
+                false,
+                me,
+                response,
+            );
+            if let Err(why) = sent {
+                break Err(why);
+            }
+            *count += 1;
+            if c.flags & compact_flags::MORE == 0 {
+                break Ok(None);
+            }
+            match self.next_compact(run, run_len, body_at + body.len()) {
+                Ok((n, at)) if n.flags & compact_flags::SAME_METHOD != 0 => (c, body_at) = (n, at),
+                Ok(other) => break Ok(Some(other)),
+                Err(why) => break Err(why),
+            }
+        };
+        drop(request);
+        let (metadata, payload) = builder.into_parts();
+        response.metadata = metadata;
+        response.payload = payload;
+        response.method = method;
+        outcome
+    }
+
+    /// After the handler: counts the call (an OK one in the tally, the rest at once) and
+    /// sends its reply, unless the handler deferred it (the handle sends it then).
+    /// `refused`: the call was refused without running, which its status code says.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn finish_call(
+        &self,
+        conn: &Arc<Conn>,
+        call_id: u64,
+        body_len: u32,
+        result: Result<(), Status>,
+        builder: &ResponseBuilder<'_>,
+        refused: bool,
+        me: &WorkerSlot,
+        response: &mut Scratch,
+    ) -> Result<(), &'static str> {
+        let stats = || &self.replica.stats()[me.index];
+        let deferred = builder.is_deferred();
+        if result.is_ok() && !deferred {
+            // Tallied, and added to the stats before the reply can go out: at once for a
+            // lone request, when the batch's replies go out for a batched one.
+            let tally = &mut response.tally;
+            tally.calls += 1;
+            tally.bytes_in += u64::from(body_len);
+            tally.bytes_out += builder.body().len() as u64;
+            if !response.collecting {
+                self.flush_tally(response);
+            }
+        } else {
+            // An error, or a deferred reply (sent by whoever holds it): counted now.
+            let stats = stats();
+            bump(&stats.calls, 1);
+            bump(&stats.bytes_in, u64::from(body_len));
+            let code = match &result {
+                Ok(()) => Code::Ok,
+                Err(status) => status.code(),
+            };
+            bump(&stats.by_code[code as usize % 17], 1);
+        }
+        let sent = match result {
+            // The handle sends the reply (or its drop sends an error).
+            _ if deferred => Ok(()),
+            Ok(()) => {
+                let (metadata, body) = (&builder.metadata, builder.body());
+                self.reply(conn, call_id, Code::Ok.into(), metadata, body, response)
+            }
+            Err(status) => {
+                bump(&stats().errors, 1);
+                let message = status.message().as_bytes();
+                // Only a refusal says "not run": a handler's error (even a NACK it got from
+                // a call of its own) comes from a call that ran.
+                let code = if refused {
+                    ReplyCode::of(&status)
+                } else {
+                    status.code().into()
+                };
+                self.reply_error(conn, call_id, code, message, response)
+            }
+        };
+        sent.inspect_err(|why| {
+            tracing::debug!("dropping connection {}: {why}", conn.index);
+        })
+    }
+
+    /// Runs the handler; a panic fails the call, not the worker (which would otherwise die
+    /// holding its connection's `serving` mark).
+    #[inline(always)]
+    fn call_handler<'a>(
+        &self,
+        request: &Request<'a>,
+        builder: &mut ResponseBuilder<'a>,
+    ) -> Result<(), Status> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.handler.call(request, builder)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Status::internal(format!(
+                "the handler of `{}` panicked; see the server's log",
+                request.method
+            )))
+        })
     }
 
     /// Runs the handler on a whole request body, calls `done_with_body` once nothing reads the
@@ -1633,8 +1818,8 @@ impl ServerShared {
             }
         }
         // Built only if the handler asks for it, so a plain call clones no `Arc`.
-        let defer = || self.defer(conn, h.call_id);
-        builder.set_defer_hook(&defer);
+        let defer = |call_id| self.defer(conn, call_id);
+        builder.set_defer_hook(&defer, h.call_id);
         let result = if let Some(status) = pool_error {
             Err(status)
         } else if expired {
@@ -1666,60 +1851,18 @@ impl ServerShared {
                 payload,
                 deadline,
             };
-            // A panicking handler fails its call, not the worker (which would otherwise die
-            // holding this connection's `serving` mark).
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.handler.call(&request, &mut builder)
-            }))
-            .unwrap_or_else(|_| {
-                Err(Status::internal(format!(
-                    "the handler of `{method}` panicked; see the server's log"
-                )))
-            })
+            self.call_handler(&request, &mut builder)
         };
-        let stats = || &self.replica.stats()[me.index];
-        let deferred = builder.is_deferred();
-        if result.is_ok() && !deferred {
-            // Tallied, and added to the stats before the reply can go out: at once for a
-            // lone request, when the batch's replies go out for a batched one.
-            let tally = &mut response.tally;
-            tally.calls += 1;
-            tally.bytes_in += u64::from(h.body_len);
-            tally.bytes_out += builder.body().len() as u64;
-            if !response.collecting {
-                self.flush_tally(response);
-            }
-        } else {
-            // An error, or a deferred reply (sent by whoever holds it): counted now.
-            let stats = stats();
-            bump(&stats.calls, 1);
-            bump(&stats.bytes_in, u64::from(h.body_len));
-            let code = match &result {
-                Ok(()) => Code::Ok,
-                Err(status) => status.code(),
-            };
-            bump(&stats.by_code[code as usize % 17], 1);
-        }
-        let sent = match result {
-            // The handle sends the reply (or its drop sends an error).
-            _ if deferred => Ok(()),
-            Ok(()) => {
-                let (metadata, body) = (&builder.metadata, builder.body());
-                self.reply(conn, h.call_id, Code::Ok.into(), metadata, body, response)
-            }
-            Err(status) => {
-                bump(&stats().errors, 1);
-                let message = status.message().as_bytes();
-                // Only a refusal says "not run": a handler's error (even a NACK it got from
-                // a call of its own) comes from a call that ran.
-                let code = if refused.is_some() {
-                    ReplyCode::of(&status)
-                } else {
-                    status.code().into()
-                };
-                self.reply_error(conn, h.call_id, code, message, response)
-            }
-        };
+        let sent = self.finish_call(
+            conn,
+            h.call_id,
+            h.body_len,
+            result,
+            &builder,
+            refused.is_some(),
+            me,
+            response,
+        );
         // The blocks go back to the client only now: a reply may borrow them, and the store
         // into the block table (whose line the client writes too) must not hold up the
         // reply's stores, which the CPU commits in order. The client claims its next call's
@@ -1736,9 +1879,7 @@ impl ServerShared {
         response.metadata = metadata;
         response.payload = payload;
         response.method = method;
-        sent.inspect_err(|why| {
-            tracing::debug!("dropping connection {}: {why}", conn.index);
-        })
+        sent
     }
 
     /// Answers the runtime's own `netless.ctl/` methods (soft registers).

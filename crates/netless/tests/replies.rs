@@ -1,6 +1,7 @@
 //! Replies out of the ordinary: deferred ones (a handler hands its call to another thread and
 //! returns; the reply arrives later, in any order, while the single worker keeps serving),
-//! and ones too large for the client (that call fails, the connection stays).
+//! ones from a handler that panicked (that call fails, the worker lives), and ones too large
+//! for the client (that call fails, the connection stays).
 
 mod common;
 
@@ -9,7 +10,10 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use netless::{CallOptions, Client, Code, Metadata, Request, ResponseBuilder, Server, Status};
+use netless::{
+    control, CallOptions, Client, Code, Metadata, Pipeline, Request, ResponseBuilder, Server,
+    Status,
+};
 
 #[test]
 fn deferred_replies_arrive_out_of_order_and_unsent_ones_fail() {
@@ -70,6 +74,100 @@ fn deferred_replies_arrive_out_of_order_and_unsent_ones_fail() {
     assert!(err.message().contains("without replying"), "{err}");
     drop(server);
     let _ = replier.join();
+}
+
+/// A batch's requests that repeat one method are served on the worker's lean path, which
+/// keeps one builder for them all: each deferred reply must still answer its own call, and
+/// a panic must fail only the call that panicked.
+#[test]
+fn batched_calls_defer_and_panic_one_by_one() {
+    let dir = TestDir::new("batchdefer");
+    let service = "test.BatchDefer";
+    const CALLS: u64 = 24;
+    let (tx, rx) = mpsc::channel::<(Vec<u8>, netless::DeferredReply)>();
+    // Answers once all have arrived, in reverse order, each with its request's payload.
+    let replier = thread::spawn(move || {
+        let mut held: Vec<_> = rx.iter().take(CALLS as usize).collect();
+        while let Some((payload, reply)) = held.pop() {
+            reply.send(&Metadata::new(), &payload).unwrap();
+        }
+    });
+    let tx = std::sync::Mutex::new(tx);
+    let server = Server::bind(
+        service,
+        netless::ServerConfig {
+            workers: 1,
+            ..server_config(dir.path())
+        },
+        move |req: &Request<'_>, resp: &mut ResponseBuilder<'_>| -> Result<(), Status> {
+            match req.method {
+                "Later" => {
+                    let reply = resp.defer()?;
+                    tx.lock()
+                        .unwrap()
+                        .send((req.payload.to_vec(), reply))
+                        .unwrap();
+                }
+                "Boom" if req.payload[0] % 3 == 1 => panic!("boom {}", req.payload[0]),
+                _ => resp.payload.extend_from_slice(req.payload),
+            }
+            Ok(())
+        },
+    )
+    .unwrap();
+    let client = Client::connect_with(service, client_config(dir.path())).unwrap();
+    for line in ["batch_mode=fixed", "batch=32"] {
+        client
+            .call(control::SET, line.as_bytes(), &CallOptions::new())
+            .unwrap();
+    }
+    let mut pipe = Pipeline::connect(service, client_config(dir.path())).unwrap();
+    // Runs `calls` of `method` in one batch; returns each call's payload and reply.
+    let mut batch = |method: &str| {
+        let mut sent = std::collections::HashMap::new();
+        for i in 0..CALLS {
+            let payload = vec![i as u8; 40 + i as usize];
+            sent.insert(pipe.submit(method, &payload).unwrap(), payload);
+        }
+        pipe.flush();
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while got.len() < CALLS as usize {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{method}: {} replies",
+                got.len()
+            );
+            let n = pipe
+                .poll(|id, reply| {
+                    got.push((sent[&id].clone(), reply.map(<[u8]>::to_vec)));
+                })
+                .unwrap();
+            if n == 0 {
+                pipe.wait(Some(Duration::from_secs(5))).unwrap();
+            }
+        }
+        assert_eq!(pipe.batch_counts().1 % CALLS, 0, "{method}: one batch");
+        got
+    };
+    for (payload, reply) in batch("Later") {
+        assert_eq!(reply.unwrap(), payload);
+    }
+    let mut failed = 0;
+    for (payload, reply) in batch("Boom") {
+        if payload[0] % 3 == 1 {
+            let err = reply.unwrap_err();
+            assert_eq!(err.code(), Code::Internal, "{err}");
+            assert!(err.message().contains("`Boom` panicked"), "{err}");
+            failed += 1;
+        } else {
+            assert_eq!(reply.unwrap(), payload);
+        }
+    }
+    assert_eq!(failed, CALLS / 3);
+    drop(pipe);
+    drop(server);
+    replier.join().unwrap();
 }
 
 #[test]
