@@ -56,6 +56,65 @@ fn call_id(generation: u32, index: u32) -> u64 {
     (u64::from(generation & 0xffff) << 16) | u64::from(index & 0xffff)
 }
 
+/// Takes call slot `index` (just popped from the free list) for a new call: its id.
+#[inline(always)]
+fn claim(slots: &mut [u32], index: u32) -> u64 {
+    let generation = (slots[index as usize] & !BUSY).wrapping_add(1) & 0xffff;
+    slots[index as usize] = generation | BUSY;
+    call_id(generation, index)
+}
+
+/// Appends a compact request for `call_id` to the open batch `staged` in its `run`: the
+/// header, then the method's name unless `same_method` (it repeats the request before it),
+/// then the payload; marks the request before it as followed.
+///
+/// # Safety
+/// `run` is `staged`'s run, ours and unpublished; the batch holds at least one request,
+/// `used + align8(COMPACT_HEADER_LEN + name + payload)` bytes fit in the run, and the
+/// lengths fit a `CompactHeader`'s fields.
+#[inline(always)]
+unsafe fn write_compact(
+    staged: &mut Staged,
+    run: *mut u8,
+    call_id: u64,
+    method: &str,
+    payload: &[u8],
+    same_method: bool,
+) {
+    let name: &[u8] = if same_method { &[] } else { method.as_bytes() };
+    let header = CompactHeader {
+        call_id: call_id as u32,
+        body_len: (name.len() + payload.len()) as u16,
+        method_len: name.len() as u8,
+        flags: if same_method {
+            compact_flags::SAME_METHOD
+        } else {
+            0
+        },
+    };
+    // SAFETY: the caller's contract: the predecessor's header lies at `last` inside the run
+    // (the first's is written at publish and flagged in `first`), and the new request fits
+    // at `used`.
+    unsafe {
+        if staged.count == 1 {
+            staged.first.reserved[0] |= wire_flags::BATCH_MORE;
+        } else {
+            let prev = run.add(staged.last) as *mut CompactHeader;
+            let mut p = CompactHeader::read_from(prev as *const u8);
+            p.flags |= compact_flags::MORE;
+            std::ptr::write_unaligned(prev, p);
+        }
+        let dst = run.add(staged.used);
+        std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, COMPACT_HEADER_LEN);
+        let body = dst.add(COMPACT_HEADER_LEN);
+        netless_shm::copy::copy_bytes(name.as_ptr(), body, name.len());
+        netless_shm::copy::copy_bytes(payload.as_ptr(), body.add(name.len()), payload.len());
+    }
+    staged.last = staged.used;
+    staged.used += align8(COMPACT_HEADER_LEN + name.len() + payload.len());
+    staged.count += 1;
+}
+
 /// Whether `call_id` names the call in flight in its slot (a reply to anything else is
 /// refused: ids come from memory the server writes).
 fn is_live(slots: &[u32], call_id: u64) -> bool {
@@ -305,7 +364,19 @@ impl Pipeline {
     /// `max_in_flight` calls are outstanding (poll first), or as a NACK from the server (see
     /// [`Status::is_nack`]); `INVALID_ARGUMENT` for a request larger than one run of the
     /// server's buffer (use [`Client::call`], which sends fragments).
+    #[inline]
     pub fn submit(&mut self, method: &str, payload: &[u8]) -> Result<u64, Status> {
+        match self.submit_same(method, payload) {
+            Some(call_id) => Ok(call_id),
+            None => self.submit_any(method, payload),
+        }
+    }
+
+    /// `submit` for any request: the first of a batch, one naming its method, one that
+    /// does not fit the open batch, or one that fails. Out of line, so that the common
+    /// case (`submit_same`) is a small function.
+    #[inline(never)]
+    fn submit_any(&mut self, method: &str, payload: &[u8]) -> Result<u64, Status> {
         let shared = self.client.shared();
         if shared.dead.load(Ordering::Acquire) {
             return Err(shared.death_status());
@@ -377,23 +448,13 @@ impl Pipeline {
                 return Err(e);
             }
         }
+        let call_id = claim(&mut self.slots, index);
         let shared = self.client.shared();
-        let generation = (self.slots[index as usize] & !BUSY).wrapping_add(1) & 0xffff;
-        self.slots[index as usize] = generation | BUSY;
-        let call_id = call_id(generation, index);
         let staged = self.staged.as_mut().expect("a batch is open");
         let run = shared
             .replica
             .block_run(staged.start, staged.blocks)
             .expect("a claimed run lies inside the buffer");
-        let need = if staged.count == 0 {
-            first_need
-        } else {
-            compact_need
-        };
-        // What the body starts with: no name when a compact request repeats the method.
-        let same_method = staged.count > 0 && repeats;
-        let name: &[u8] = if same_method { &[] } else { method.as_bytes() };
         if staged.count == 0 {
             // Written when the batch is published.
             staged.first = WireHeader {
@@ -408,58 +469,84 @@ impl Pipeline {
                 ..WireHeader::default()
             };
             staged.first_len = first_len;
-        } else if staged.count == 1 {
-            staged.first.reserved[0] |= wire_flags::BATCH_MORE;
-        }
-        // SAFETY: the run is ours (OWNED, unpublished) and `used + need` fits in it (checked
-        // above or by open_batch); `need` covers the header and the body. A compact request's
-        // predecessor has its header at `last`, inside the run, a CompactHeader if it is not
-        // the first.
-        unsafe {
-            if staged.count > 1 {
-                let prev = run.add(staged.last) as *mut CompactHeader;
-                let mut p = CompactHeader::read_from(prev as *const u8);
-                p.flags |= compact_flags::MORE;
-                std::ptr::write_unaligned(prev, p);
+            // SAFETY: the run is ours (OWNED, unpublished) and `first_need` bytes fit in it
+            // (open_batch): the header's room, then the body.
+            unsafe {
+                let body = run.add(staged.used + first_len);
+                netless_shm::copy::copy_bytes(method.as_ptr(), body, method.len());
+                netless_shm::copy::copy_bytes(
+                    payload.as_ptr(),
+                    body.add(method.len()),
+                    payload.len(),
+                );
             }
-            let dst = run.add(staged.used);
-            let header_len = if staged.count == 0 {
-                staged.first_len
-            } else {
-                // `compactable` (or the batch would have been published): the fields fit.
-                let header = CompactHeader {
-                    call_id: call_id as u32,
-                    body_len: (name.len() + payload.len()) as u16,
-                    method_len: name.len() as u8,
-                    flags: if same_method {
-                        compact_flags::SAME_METHOD
-                    } else {
-                        0
-                    },
-                };
-                std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, COMPACT_HEADER_LEN);
-                COMPACT_HEADER_LEN
-            };
-            let body = dst.add(header_len);
-            netless_shm::copy::copy_bytes(name.as_ptr(), body, name.len());
-            netless_shm::copy::copy_bytes(payload.as_ptr(), body.add(name.len()), payload.len());
+            staged.last = staged.used;
+            staged.used += first_need;
+            staged.count = 1;
+        } else {
+            // `compactable` (or the batch would have been published): the fields fit; and
+            // `used + compact_need` fits in the run (checked above).
+            // SAFETY: as write_compact requires.
+            unsafe { write_compact(staged, run, call_id, method, payload, repeats) };
         }
         if !repeats {
             self.last_method.clear();
             self.last_method.push_str(method);
         }
-        staged.last = staged.used;
-        staged.used += need;
-        staged.count += 1;
+        self.staged_one(call_id, batch_max, adaptive);
+        Ok(call_id)
+    }
+
+    /// `submit`'s common case, first: a request that joins the open batch and calls the
+    /// method of the request before it, so it takes a compact header and no name. `None`,
+    /// with nothing done, where that does not hold or where any check `submit` makes could
+    /// fail (its general path then decides).
+    #[inline(always)]
+    fn submit_same(&mut self, method: &str, payload: &[u8]) -> Option<u64> {
+        let shared = self.client.shared();
+        let staged = self.staged.as_ref()?;
+        let need = align8(COMPACT_HEADER_LEN + payload.len());
+        let ctrl = shared.replica.server_control();
+        if staged.count == 0
+            || method != self.last_method
+            || payload.len() > usize::from(u16::MAX)
+            || staged.used + need > staged.blocks as usize * shared.replica.block_size()
+            // `submit`'s limits, with the longer of a first request's headers.
+            || align64(align8(HEADER_LEN + method.len() + payload.len())) > self.max_run_bytes
+            || method.len() + payload.len() > shared.server_max_message
+            || shared.dead.load(Ordering::Acquire)
+            // Under an SLO every request is admitted on its own.
+            || ctrl.depth_limit.load(Ordering::Relaxed) != 0
+        {
+            return None;
+        }
+        let index = self.free.pop()?;
+        let call_id = claim(&mut self.slots, index);
+        let staged = self.staged.as_mut()?;
+        let run = shared
+            .replica
+            .block_run(staged.start, staged.blocks)
+            .expect("a claimed run lies inside the buffer");
+        // SAFETY: the batch holds a request, the fields fit a compact header and `used +
+        // need` fits in the run (all checked above).
+        unsafe { write_compact(staged, run, call_id, method, payload, true) };
+        let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
+        let adaptive = ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE;
+        self.staged_one(call_id, batch_max, adaptive);
+        Some(call_id)
+    }
+
+    /// Counts call `call_id`, just written into the open batch, and publishes the batch if
+    /// it is full, or (adaptive) if the server has none of our earlier requests.
+    #[inline(always)]
+    fn staged_one(&mut self, call_id: u64, batch_max: u32, adaptive: bool) {
         self.staged_ids.push(call_id);
         self.in_flight += 1;
-        let count = staged.count;
-        // Adaptive: at once if the server has none of our earlier requests.
+        let count = self.staged.as_ref().map_or(0, |s| s.count);
         let server_idle = self.in_flight == count;
         if count >= batch_max || (adaptive && server_idle) {
             self.publish();
         }
-        Ok(call_id)
     }
 
     /// Publishes the batch being written, if any (fixed batching waits for a full batch
