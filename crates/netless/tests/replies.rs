@@ -15,6 +15,15 @@ use netless::{
     Status,
 };
 
+/// A server for `service` in `dir` with one worker, so calls are served in order.
+fn one_worker(service: &str, dir: &TestDir, handler: impl netless::Handler) -> Server {
+    let config = netless::ServerConfig {
+        workers: 1,
+        ..server_config(dir.path())
+    };
+    Server::bind(service, config, handler).unwrap()
+}
+
 #[test]
 fn deferred_replies_arrive_out_of_order_and_unsent_ones_fail() {
     let dir = TestDir::new("deferred");
@@ -37,12 +46,9 @@ fn deferred_replies_arrive_out_of_order_and_unsent_ones_fail() {
         }
     });
     let tx = std::sync::Mutex::new(tx);
-    let server = Server::bind(
+    let server = one_worker(
         service,
-        netless::ServerConfig {
-            workers: 1,
-            ..server_config(dir.path())
-        },
+        &dir,
         move |req: &Request<'_>, resp: &mut ResponseBuilder<'_>| -> Result<(), Status> {
             if req.method == "now" {
                 resp.payload.extend_from_slice(b"now");
@@ -55,8 +61,7 @@ fn deferred_replies_arrive_out_of_order_and_unsent_ones_fail() {
                 .unwrap();
             Ok(())
         },
-    )
-    .unwrap();
+    );
     let client = Client::connect_with(service, client_config(dir.path())).unwrap();
     let opts = CallOptions::new().timeout(Duration::from_secs(10));
     let a = {
@@ -93,12 +98,9 @@ fn batched_calls_defer_and_panic_one_by_one() {
         }
     });
     let tx = std::sync::Mutex::new(tx);
-    let server = Server::bind(
+    let server = one_worker(
         service,
-        netless::ServerConfig {
-            workers: 1,
-            ..server_config(dir.path())
-        },
+        &dir,
         move |req: &Request<'_>, resp: &mut ResponseBuilder<'_>| -> Result<(), Status> {
             match req.method {
                 "Later" => {
@@ -113,8 +115,7 @@ fn batched_calls_defer_and_panic_one_by_one() {
             }
             Ok(())
         },
-    )
-    .unwrap();
+    );
     let client = Client::connect_with(service, client_config(dir.path())).unwrap();
     for line in ["batch_mode=fixed", "batch=32"] {
         client
