@@ -48,15 +48,14 @@ pub enum FutexWait {
 #[cfg(not(loom))]
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> FutexWait {
     use rustix::io::Errno;
-    use rustix::thread::futex::{self, Flags, Timespec};
+    use rustix::thread::futex::Timespec;
 
     let timespec = timeout.map(|t| Timespec {
         // Saturate absurd timeouts (> 292 billion years) instead of wrapping.
         tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(t.subsec_nanos()),
     });
-    // Flags::empty(): a shared futex, because the word may be in memory other processes map.
-    match futex::wait(word, Flags::empty(), expected, timespec.as_ref()) {
+    match sys_wait(word, expected, timespec.as_ref()) {
         Ok(()) => FutexWait::Woken,
         Err(Errno::AGAIN) => FutexWait::ValueChanged,
         Err(Errno::TIMEDOUT) => FutexWait::TimedOut,
@@ -164,15 +163,91 @@ pub fn futex_wait_any(words: &[(&AtomicU32, u32)], timeout: Option<Duration>) ->
 /// ```
 #[cfg(not(loom))]
 pub fn futex_wake(word: &AtomicU32, count: u32) -> usize {
-    use rustix::thread::futex::{self, Flags};
-
     // The kernel treats count as a signed int: clamp so u32::MAX means "all".
     let count = count.min(i32::MAX as u32);
-    // Flags::empty(): shared, matching `futex_wait`.
-    futex::wake(word, Flags::empty(), count).unwrap_or_else(|errno| {
+    sys_wake(word, count).unwrap_or_else(|errno| {
         debug_assert!(false, "futex wake failed unexpectedly: {errno}");
         0
     })
+}
+
+/// The `FUTEX_WAIT` system call on `word`, shared (no `FUTEX_PRIVATE_FLAG`): the word may
+/// be in memory other processes map.
+#[cfg(all(not(loom), not(miri)))]
+fn sys_wait(
+    word: &AtomicU32,
+    expected: u32,
+    timeout: Option<&rustix::thread::futex::Timespec>,
+) -> rustix::io::Result<()> {
+    use rustix::thread::futex::{self, Flags};
+    futex::wait(word, Flags::empty(), expected, timeout)
+}
+
+/// The `FUTEX_WAKE` system call on `word`, shared, as [`sys_wait`]'s.
+#[cfg(all(not(loom), not(miri)))]
+fn sys_wake(word: &AtomicU32, count: u32) -> rustix::io::Result<usize> {
+    use rustix::thread::futex::{self, Flags};
+    futex::wake(word, Flags::empty(), count)
+}
+
+/// Under Miri: the same call through `libc::syscall` with the argument types Miri's futex
+/// shim checks. rustix passes the word as `*const AtomicU32`, which Miri (nightly from
+/// 2026-09) reports as undefined behaviour for a C-variadic `syscall`; the kernel does not
+/// care, Miri wants `*mut u32`.
+#[cfg(all(not(loom), miri))]
+fn sys_wait(
+    word: &AtomicU32,
+    expected: u32,
+    timeout: Option<&rustix::thread::futex::Timespec>,
+) -> rustix::io::Result<()> {
+    let timeout = timeout.map(|t| libc::timespec {
+        tv_sec: t.tv_sec,
+        tv_nsec: t.tv_nsec,
+    });
+    let timeout = timeout
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: FUTEX_WAIT reads the word (a live, aligned AtomicU32) and the timespec (alive
+    // for the call, or null).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected as i32,
+            timeout,
+        )
+    };
+    if r == -1 {
+        Err(last_errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// [`sys_wait`]'s companion under Miri.
+#[cfg(all(not(loom), miri))]
+fn sys_wake(word: &AtomicU32, count: u32) -> rustix::io::Result<usize> {
+    // SAFETY: FUTEX_WAKE only uses the word's address (a live, aligned AtomicU32).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            count as i32,
+        )
+    };
+    if r == -1 {
+        Err(last_errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+#[cfg(all(not(loom), miri))]
+fn last_errno() -> rustix::io::Errno {
+    let code = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    rustix::io::Errno::from_raw_os_error(code)
 }
 
 /// Loom stand-in for the shared futex wait: returns [`FutexWait::ValueChanged`] if the word
