@@ -92,9 +92,9 @@ unsafe fn write_compact(
             0
         },
     };
-    // SAFETY: the caller's contract: the predecessor's header lies at `last` inside the run
-    // (the first's is written at publish and flagged in `first`), and the new request fits
-    // at `used`.
+    // The predecessor's header lies at `last` inside the run (the first's is written at
+    // publish and flagged in `first`), and the new request fits at `used`.
+    // SAFETY: the caller's contract, as just said.
     unsafe {
         if staged.count == 1 {
             staged.first.reserved[0] |= wire_flags::BATCH_MORE;
