@@ -522,7 +522,7 @@ impl Pipeline {
         }
         let index = self.free.pop()?;
         let call_id = claim(&mut self.slots, index);
-        let staged = self.staged.as_mut()?;
+        let staged = self.staged.as_mut().expect("the open batch checked above");
         let run = shared
             .replica
             .block_run(staged.start, staged.blocks)
