@@ -324,12 +324,24 @@ impl<'a> ReceiveQueue<'a> {
     /// (with this `head`): taking an item is then two plain Release stores instead of two
     /// CASes, so the consumer does not stall until the cell's cache line is back from the
     /// producer's core. Using it from two consumers at once would hand an item to both.
+    #[inline(always)]
     pub fn try_dequeue_single_consumer(
         &self,
         head: &ConsumerHead,
         check_holes: bool,
-        on_full: impl FnMut(u32),
+        mut on_full: impl FnMut(u32),
     ) -> Dequeue {
+        // The common case inline: the cell at the head is full (`dequeue`'s first turn).
+        let h = head.0.load(Acquire);
+        let lap = h >> self.lap_shift;
+        let cell = self.cell(h);
+        let word = cell.load(Acquire);
+        if turn_of(word).wrapping_sub(turn_empty(lap)) == 1 {
+            on_full(word as u32);
+            cell.store(empty_word(lap.wrapping_add(1)), Release);
+            head.0.store(h.wrapping_add(1), Release);
+            return Dequeue::Item(word as u32);
+        }
         self.dequeue(head, check_holes, true, on_full)
     }
 

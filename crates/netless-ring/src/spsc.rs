@@ -130,6 +130,15 @@ impl<'a> Slots<'a> {
         &self.words[(position & self.mask()) as usize * WORDS_PER_SLOT]
     }
 
+    /// Where the body of the record whose first slot is at `position` starts.
+    #[cfg(not(loom))]
+    #[inline]
+    fn body_ptr(&self, position: u64) -> *mut u8 {
+        let offset = (position & self.mask()) as usize * SLOT_BYTES + RECORD_WORD_BYTES;
+        // SAFETY: the slot is inside the array (masked), so its body's first byte is too.
+        unsafe { self.base.as_ptr().add(offset) }
+    }
+
     /// Copies the concatenation of `parts` (`len` bytes) into the body of the record whose
     /// first slot is at `position`.
     ///
@@ -139,10 +148,11 @@ impl<'a> Slots<'a> {
     #[cfg(not(loom))]
     #[inline]
     unsafe fn write_body(&self, position: u64, parts: &[&[u8]], len: usize) {
-        let offset = (position & self.mask()) as usize * SLOT_BYTES + RECORD_WORD_BYTES;
-        debug_assert!(offset + len <= self.nslots as usize * SLOT_BYTES);
-        // SAFETY: in bounds by the caller's contract.
-        let mut dst = unsafe { self.base.as_ptr().add(offset) };
+        debug_assert!(
+            (position & self.mask()) as usize * SLOT_BYTES + RECORD_WORD_BYTES + len
+                <= self.nslots as usize * SLOT_BYTES
+        );
+        let mut dst = self.body_ptr(position);
         for part in parts {
             // The parts add up to `len`, so every write stays inside the body; a `&[u8]`
             // argument cannot overlap the slots, which the producer owns now.
@@ -391,6 +401,48 @@ impl Producer<'_> {
         for part in parts {
             len = len.saturating_add(part.len());
         }
+        let start = self.reserve(len)?;
+        // The record fits before the end of the array and its slots are free (`reserve`).
+        // SAFETY: write_body's contract holds, as just said.
+        unsafe { self.slots.write_body(start, parts, len) };
+        self.publish(start, len);
+        Ok(())
+    }
+
+    /// [`Producer::try_push`] of a fixed-size header and a payload: the header is copied
+    /// with a few plain stores instead of a call, and no list of parts is walked (a lone
+    /// reply's path, once per call).
+    #[inline]
+    pub fn try_push_header<const H: usize>(
+        &mut self,
+        header: &[u8; H],
+        payload: &[u8],
+    ) -> Result<(), PushError> {
+        let len = H.saturating_add(payload.len());
+        let start = self.reserve(len)?;
+        #[cfg(not(loom))]
+        // SAFETY: the record's slots start..start + slots_for(len) are free and lie before
+        // the end of the array (`reserve`), so its body's `len` bytes are in bounds and the
+        // producer's alone; the arguments are caller memory, not the ring.
+        unsafe {
+            let body = self.slots.body_ptr(start);
+            core::ptr::copy_nonoverlapping(header.as_ptr(), body, H);
+            netless_shm::copy::copy_bytes(payload.as_ptr(), body.add(H), payload.len());
+        }
+        #[cfg(loom)]
+        // SAFETY: as in `try_push`.
+        unsafe {
+            self.slots.write_body(start, &[header, payload], len)
+        };
+        self.publish(start, len);
+        Ok(())
+    }
+
+    /// Claims room for a record with a `len`-byte body: writes the PAD before it if it
+    /// would wrap, and the barrier after it; returns its first position. The body is then
+    /// written there and [`Producer::publish`]ed.
+    #[inline(always)]
+    fn reserve(&mut self, len: usize) -> Result<u64, PushError> {
         if len > self.slots.max_record_len() {
             return Err(PushError::TooLarge);
         }
@@ -421,7 +473,7 @@ impl Producer<'_> {
         }
         if end.wrapping_sub(self.cached_head) < nslots {
             // The slot at `end` is free: make sure whatever stale bytes it holds cannot be
-            // taken for the next record. Relaxed: published by the Release below.
+            // taken for the next record. Relaxed: published by the Release in `publish`.
             self.slots
                 .record_word(end)
                 .store(record_word(!tag(end), 0), Relaxed);
@@ -429,16 +481,17 @@ impl Producer<'_> {
         // (If that slot is not free it holds the record word of position end - nslots,
         // which carries a different tag and which nobody overwrites before the consumer
         // passes it.)
-        // The record fits before the end of the array (`need <= nslots - (start & mask)`
-        // after the PAD) and the slots start..end are free (checked against the head above).
-        // SAFETY: write_body's contract holds, as just said.
-        unsafe { self.slots.write_body(start, parts, len) };
+        Ok(start)
+    }
+
+    /// Publishes the record `reserve` placed at `start`, its `len`-byte body written.
+    #[inline(always)]
+    fn publish(&mut self, start: u64, len: usize) {
         // Release: publishes the body (and PAD, barrier) to the consumer's Acquire load.
         self.slots
             .record_word(start)
             .store(record_word(tag(start), len as u32), Release);
-        self.tail = end;
-        Ok(())
+        self.tail = start.wrapping_add(slots_for(len));
     }
 }
 

@@ -4,7 +4,7 @@
 
 use netless_ring::{Corrupt, PushError, ResponseRing};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 fn words(nslots: usize) -> (AtomicU64, Vec<AtomicU64>) {
     (
@@ -34,16 +34,27 @@ fn a_million_records_arrive_in_order_and_intact() {
     let (mut head, mut slots) = words(64);
     let (mut producer, mut consumer) = ResponseRing::from_parts(&mut head, &mut slots).unwrap();
     assert!(producer.max_record_len() >= 1008);
+    let consumer_gone = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut full = 0u64;
             for seq in 0..RECORDS {
                 let header = seq.to_le_bytes();
                 loop {
-                    match producer.try_push(&[&header, payload(seq)]) {
+                    // Every other record through the fixed-header path: the same bytes.
+                    let pushed = if seq % 2 == 0 {
+                        producer.try_push(&[&header, payload(seq)])
+                    } else {
+                        producer.try_push_header(&header, payload(seq))
+                    };
+                    match pushed {
                         Ok(()) => break,
                         Err(PushError::Full) => {
                             full += 1;
+                            // A consumer that failed its checks stops draining: end, not hang.
+                            if consumer_gone.load(Ordering::Acquire) {
+                                return full;
+                            }
                             std::thread::yield_now();
                         }
                         Err(e) => panic!("push {seq}: {e}"),
@@ -53,6 +64,14 @@ fn a_million_records_arrive_in_order_and_intact() {
             full
         });
         s.spawn(|| {
+            // Set when this thread ends, panicking or not.
+            struct Gone<'a>(&'a AtomicBool);
+            impl Drop for Gone<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+            let _gone = Gone(&consumer_gone);
             let mut seq = 0;
             let mut out = vec![0u8; 2048];
             while seq < RECORDS {
@@ -112,9 +131,16 @@ fn full_and_too_large() {
         producer.try_push(&[&vec![1; max - 10], &[2; 11]]),
         Err(PushError::TooLarge)
     );
+    assert_eq!(
+        producer.try_push_header(&[1; 8], &vec![2; max - 7]),
+        Err(PushError::TooLarge)
+    );
     producer.try_push(&[&vec![3; max]]).unwrap();
-    producer.try_push(&[&vec![4; max]]).unwrap();
+    producer
+        .try_push_header(&[4; 8], &vec![4; max - 8])
+        .unwrap();
     assert_eq!(producer.try_push(&[]), Err(PushError::Full));
+    assert_eq!(producer.try_push_header(&[5; 4], &[]), Err(PushError::Full));
     let record = consumer.peek().unwrap().unwrap();
     assert_eq!(record.len(), max);
     record.release();
