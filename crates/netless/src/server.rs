@@ -2058,54 +2058,131 @@ impl ServerShared {
 
     /// The connection's response-ring producer: unlocked when only this (single) worker can
     /// reply, else under its lock.
+    #[inline(always)]
     fn with_producer<T>(&self, conn: &Conn, f: impl FnOnce(&mut Producer<'static>) -> T) -> T {
-        if self.workers.len() == 1 && !self.deferring.load(Ordering::Relaxed) {
+        let mut guard = None;
+        let producer = if self.workers.len() == 1 && !self.deferring.load(Ordering::Relaxed) {
             // No lock, so no locked instruction stalling on this core's pending stores. The
             // worker itself sets `deferring` before the first DeferredReply exists, so once
             // another thread may reply, this worker sees the flag and locks too.
             // SAFETY: one worker and no deferred replies: no other thread ever touches a
             // connection's producer (the acceptor and shutdown never do).
-            f(unsafe { conn.producer.get_unsynchronized() })
+            unsafe { conn.producer.get_unsynchronized() }
         } else {
-            f(&mut conn.producer.lock())
-        }
+            &mut **guard.insert(conn.producer.lock())
+        };
+        // One call site, so `f` is inlined here.
+        f(producer)
     }
 
     /// Pushes one record made of `parts` into the connection's response ring, waiting (and
     /// ringing the client) while the ring is full, up to `response_stall_limit`. `Ok` also
     /// when the client died or the server is stopping meanwhile (nothing to send to).
     fn push_record(&self, conn: &Conn, parts: &[&[u8]]) -> Result<(), &'static str> {
+        self.push_with(conn, |producer| producer.try_push(parts))
+    }
+
+    /// [`ServerShared::push_record`] of whatever `push` pushes (retried while the ring is
+    /// full).
+    #[inline(always)]
+    fn push_with(
+        &self,
+        conn: &Conn,
+        push: impl Fn(&mut Producer<'static>) -> Result<(), PushError>,
+    ) -> Result<(), &'static str> {
+        match self.push_once(conn, &push) {
+            Ok(()) => Ok(()),
+            Err(PushError::Full) => self.push_stalled(conn, &push),
+            Err(PushError::TooLarge) => Err("response fragment larger than the ring"),
+            Err(_) => Err("the response ring's head is corrupt"),
+        }
+    }
+
+    /// One try of `push`; after a record went in, notes where the next one will go (for
+    /// the prefetches that take its lines ahead).
+    #[inline(always)]
+    fn push_once(
+        &self,
+        conn: &Conn,
+        push: &impl Fn(&mut Producer<'static>) -> Result<(), PushError>,
+    ) -> Result<(), PushError> {
         self.with_producer(conn, |producer| {
-            let mut stalled_since: Option<Instant> = None;
-            loop {
-                match producer.try_push(parts) {
-                    Ok(()) => break,
-                    Err(PushError::Full) => {
-                        if conn.dead.load(Ordering::Acquire)
-                            || self.stopping.load(Ordering::Acquire)
-                        {
-                            return Ok(());
-                        }
-                        let since = *stalled_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() > self.config.response_stall_limit {
-                            return Err("the client stopped draining its response ring");
-                        }
-                        netless_ring::ring(conn.segment.doorbell());
-                        thread::yield_now();
-                    }
-                    Err(PushError::TooLarge) => {
-                        return Err("response fragment larger than the ring")
-                    }
-                    Err(_) => return Err("the response ring's head is corrupt"),
-                }
+            let pushed = push(producer);
+            if pushed.is_ok() {
+                conn.next_record
+                    .store(producer.next_record_ptr() as usize, Ordering::Relaxed);
             }
-            conn.next_record
-                .store(producer.next_record_ptr() as usize, Ordering::Relaxed);
-            Ok(())
+            pushed
         })
     }
 
+    /// `push_with` once the ring was full: retries, ringing the client, until it has room,
+    /// the client or the server goes, or `response_stall_limit` passes.
+    #[inline(never)]
+    fn push_stalled(
+        &self,
+        conn: &Conn,
+        push: &impl Fn(&mut Producer<'static>) -> Result<(), PushError>,
+    ) -> Result<(), &'static str> {
+        let since = Instant::now();
+        loop {
+            if conn.dead.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if since.elapsed() > self.config.response_stall_limit {
+                return Err("the client stopped draining its response ring");
+            }
+            netless_ring::ring(conn.segment.doorbell());
+            thread::yield_now();
+            match self.push_once(conn, push) {
+                Ok(()) => return Ok(()),
+                Err(PushError::Full) => {}
+                Err(PushError::TooLarge) => return Err("response fragment larger than the ring"),
+                Err(_) => return Err("the response ring's head is corrupt"),
+            }
+        }
+    }
+
+    /// Sends a reply to `call_id` (in fragments if it is longer than a record) and rings
+    /// the client (at the end of the `RingSection`, inside one). The common reply, without
+    /// metadata and in one record, inline; the rest out of line.
+    #[inline(always)]
     fn respond(
+        &self,
+        conn: &Arc<Conn>,
+        call_id: u64,
+        code: ReplyCode,
+        metadata: &Metadata,
+        payload: &[u8],
+    ) -> Result<(), &'static str> {
+        #[cfg(feature = "fault-injection")]
+        let faulty = self.corrupt_responses.load(Ordering::Relaxed) != 0;
+        #[cfg(not(feature = "fault-injection"))]
+        let faulty = false;
+        // The common reply: no metadata, one record.
+        if metadata.is_empty()
+            && payload.len() <= conn.client_max
+            && payload.len() <= conn.record_limit.saturating_sub(RESPONSE_HEADER_LEN)
+            && !faulty
+        {
+            let header = ResponseHeader {
+                call_id,
+                kind: kind::RESPONSE,
+                status: code.wire(),
+                body_len: payload.len() as u32,
+                frag_len: payload.len() as u32,
+                ..ResponseHeader::default()
+            };
+            self.push_with(conn, |p| p.try_push_header(header.as_bytes(), payload))?;
+            ring_client(conn);
+            return Ok(());
+        }
+        self.respond_any(conn, call_id, code, metadata, payload)
+    }
+
+    /// `respond` for any reply: with metadata, in fragments, or a fault injected.
+    #[inline(never)]
+    fn respond_any(
         &self,
         conn: &Arc<Conn>,
         call_id: u64,
@@ -2124,7 +2201,7 @@ impl ServerShared {
             );
             // ASCII, so any cut is at a character boundary; short enough not to recurse.
             message.truncate(conn.client_max);
-            return self.respond(
+            return self.respond_any(
                 conn,
                 call_id,
                 Code::ResourceExhausted.into(),
