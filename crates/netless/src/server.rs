@@ -253,8 +253,13 @@ impl Default for PerEntry {
 }
 
 impl PerEntry {
+    #[inline(always)]
     fn observe(&mut self, requests: u32, shared: &AtomicU32) {
         let sample = i64::from(requests.clamp(1, 256)) * 1024;
+        if sample == self.x1024 && self.published != 0 {
+            // Steady (lone requests at B=1): nothing moves.
+            return;
+        }
         // x += (sample - x) / 16: a mean over the last few dozen entries.
         self.x1024 += (sample - self.x1024) / 16;
         let x16 = ((self.x1024 + 32) / 64).clamp(16, 16 * 256) as u32;
@@ -272,6 +277,8 @@ struct Scratch {
     payload: Vec<u8>,
     /// The method of the last request served (a private, validated copy).
     method: String,
+    /// Whether `method` is one of the runtime's own (`netless.ctl/`), kept with it.
+    method_is_control: bool,
     /// Requests in the queue entry just served (a batch holds several).
     batch: u32,
     /// How long it had waited when the worker started it, µs, if too long to finish within
@@ -1535,7 +1542,7 @@ impl ServerShared {
             // are refused unrun or go to the runtime's own methods.
             if c.flags & compact_flags::SAME_METHOD != 0
                 && response.shed.is_none()
-                && !response.method.starts_with(crate::control::PREFIX)
+                && !response.method_is_control
             {
                 match self.serve_same_method(
                     conn,
@@ -1757,7 +1764,7 @@ impl ServerShared {
         // change under it. Calls mostly repeat the last method: then the copy we hold is
         // already the one (compared against the shared bytes, never taken from them).
         let mut method = std::mem::take(&mut response.method);
-        if !same_method && method.as_bytes() != &body[..method_end] {
+        if !same_method && !same_bytes(method.as_bytes(), &body[..method_end]) {
             let mut bytes = method.into_bytes();
             bytes.clear();
             bytes.extend_from_slice(&body[..method_end]);
@@ -1768,7 +1775,9 @@ impl ServerShared {
                     return Err("method name is not UTF-8");
                 }
             };
+            response.method_is_control = method.starts_with(crate::control::PREFIX);
         }
+        let is_control = response.method_is_control;
         let metadata = if md_end == method_end {
             Metadata::new()
         } else {
@@ -1799,9 +1808,7 @@ impl ServerShared {
         let mut pool_error = None;
         // A request about to be refused for its wait maps nothing (control calls, never
         // refused, carry no Ref).
-        let refused = response
-            .shed
-            .filter(|_| !method.starts_with(crate::control::PREFIX));
+        let refused = response.shed.filter(|_| !is_control);
         if h.reserved[0] & wire_flags::PAYLOAD_REF != 0 && refused.is_none() {
             match self.map_payload(conn, payload) {
                 Ok(buf) => {
@@ -1826,7 +1833,8 @@ impl ServerShared {
             Err(Status::deadline_exceeded(
                 "deadline expired before the server started the call",
             ))
-        } else if let Some(op) = method.strip_prefix(crate::control::PREFIX) {
+        } else if is_control {
+            let op = &method[crate::control::PREFIX.len()..];
             self.control_call(op, payload, &mut builder)
         } else if let Some(waited) = refused {
             self.shed.fetch_add(1, Ordering::Relaxed);
@@ -2446,6 +2454,23 @@ impl std::fmt::Debug for DeferredReply {
 }
 
 /// Splits `[offset, offset + len)` of `a ++ b` into the parts from each.
+/// `a == b` for the short byte strings of method names, without a call to `bcmp`: from 4
+/// to 16 bytes, two overlapping loads of 4 or 8 bytes from each side.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let u32_at = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().unwrap());
+    let u64_at = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap());
+    match n {
+        4..=7 => u32_at(a, 0) == u32_at(b, 0) && u32_at(a, n - 4) == u32_at(b, n - 4),
+        8..=16 => u64_at(a, 0) == u64_at(b, 0) && u64_at(a, n - 8) == u64_at(b, n - 8),
+        _ => a == b,
+    }
+}
+
 fn split_range<'a>(a: &'a [u8], b: &'a [u8], offset: usize, len: usize) -> (&'a [u8], &'a [u8]) {
     let end = offset + len;
     let a_part = &a[offset.min(a.len())..end.min(a.len())];
@@ -2494,6 +2519,32 @@ mod tests {
         }
         let one = shared.load(Ordering::Relaxed);
         assert!((16..=17).contains(&one), "back to single requests: {one}");
+    }
+
+    #[test]
+    fn same_bytes_is_slice_equality() {
+        let names: Vec<&[u8]> = vec![
+            b"",
+            b"a",
+            b"abc",
+            b"Echo",
+            b"Echp",
+            b"pcho",
+            b"Echo2",
+            b"netless.",
+            b"netless!",
+            b"/a.B/Method",
+            b"/a.B/Methoe",
+            b"0123456789abcdef",
+            b"0123456789abcdeF",
+            b"0123456789abcdefg",
+            b"0123456789abcdefh",
+        ];
+        for a in &names {
+            for b in &names {
+                assert_eq!(same_bytes(a, b), a == b, "{a:?} vs {b:?}");
+            }
+        }
     }
 
     #[test]
