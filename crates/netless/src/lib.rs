@@ -24,6 +24,7 @@
 
 mod admission;
 mod blocks;
+mod bytes;
 mod call;
 mod client;
 mod config;

@@ -396,7 +396,7 @@ impl Pipeline {
             HEADER_LEN
         };
         let first_need = align8(first_len + body_len);
-        let repeats = self.last_method == method;
+        let repeats = crate::bytes::same_bytes(self.last_method.as_bytes(), method.as_bytes());
         let compact_name = if repeats { 0 } else { method.len() };
         let compact_need = align8(COMPACT_HEADER_LEN + compact_name + payload.len());
         let compactable = compact_name <= usize::from(u8::MAX)
@@ -508,7 +508,7 @@ impl Pipeline {
         let need = align8(COMPACT_HEADER_LEN + payload.len());
         let ctrl = shared.replica.server_control();
         if staged.count == 0
-            || method != self.last_method
+            || !crate::bytes::same_bytes(method.as_bytes(), self.last_method.as_bytes())
             || payload.len() > usize::from(u16::MAX)
             || staged.used + need > staged.blocks as usize * shared.replica.block_size()
             // `submit`'s limits, with the longer of a first request's headers.

@@ -1764,7 +1764,7 @@ impl ServerShared {
         // change under it. Calls mostly repeat the last method: then the copy we hold is
         // already the one (compared against the shared bytes, never taken from them).
         let mut method = std::mem::take(&mut response.method);
-        if !same_method && !same_bytes(method.as_bytes(), &body[..method_end]) {
+        if !same_method && !crate::bytes::same_bytes(method.as_bytes(), &body[..method_end]) {
             let mut bytes = method.into_bytes();
             bytes.clear();
             bytes.extend_from_slice(&body[..method_end]);
@@ -2454,23 +2454,6 @@ impl std::fmt::Debug for DeferredReply {
 }
 
 /// Splits `[offset, offset + len)` of `a ++ b` into the parts from each.
-/// `a == b` for the short byte strings of method names, without a call to `bcmp`: from 4
-/// to 16 bytes, two overlapping loads of 4 or 8 bytes from each side.
-#[inline(always)]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    let u32_at = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().unwrap());
-    let u64_at = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().unwrap());
-    match n {
-        4..=7 => u32_at(a, 0) == u32_at(b, 0) && u32_at(a, n - 4) == u32_at(b, n - 4),
-        8..=16 => u64_at(a, 0) == u64_at(b, 0) && u64_at(a, n - 8) == u64_at(b, n - 8),
-        _ => a == b,
-    }
-}
-
 fn split_range<'a>(a: &'a [u8], b: &'a [u8], offset: usize, len: usize) -> (&'a [u8], &'a [u8]) {
     let end = offset + len;
     let a_part = &a[offset.min(a.len())..end.min(a.len())];
@@ -2519,32 +2502,6 @@ mod tests {
         }
         let one = shared.load(Ordering::Relaxed);
         assert!((16..=17).contains(&one), "back to single requests: {one}");
-    }
-
-    #[test]
-    fn same_bytes_is_slice_equality() {
-        let names: Vec<&[u8]> = vec![
-            b"",
-            b"a",
-            b"abc",
-            b"Echo",
-            b"Echp",
-            b"pcho",
-            b"Echo2",
-            b"netless.",
-            b"netless!",
-            b"/a.B/Method",
-            b"/a.B/Methoe",
-            b"0123456789abcdef",
-            b"0123456789abcdeF",
-            b"0123456789abcdefg",
-            b"0123456789abcdefh",
-        ];
-        for a in &names {
-            for b in &names {
-                assert_eq!(same_bytes(a, b), a == b, "{a:?} vs {b:?}");
-            }
-        }
     }
 
     #[test]
