@@ -83,6 +83,14 @@ pub trait Handler: Send + Sync + 'static {
         let _ = worker;
         Vec::new()
     }
+
+    /// Whether [`Handler::poll`] may do anything: `false` for a closure, which cannot have
+    /// a `poll` of its own, so its workers skip the call (and the ring section around it)
+    /// after every entry.
+    #[doc(hidden)]
+    fn polls(&self) -> bool {
+        true
+    }
 }
 
 impl<F> Handler for F
@@ -98,6 +106,10 @@ where
         response: &mut ResponseBuilder<'a>,
     ) -> Result<(), Status> {
         self(request, response)
+    }
+
+    fn polls(&self) -> bool {
+        false
     }
 }
 
@@ -1116,7 +1128,11 @@ impl ServerShared {
         let doorbells: Vec<&netless_ring::DoorbellWords> = std::iter::once(view.doorbell)
             .chain(sources.iter().map(WakeSource::doorbell))
             .collect();
+        let handler_polls = self.handler.polls();
         let handler_poll = || {
+            if !handler_polls {
+                return false;
+            }
             let _ring = RingSection::enter();
             self.handler.poll(worker)
         };
@@ -2502,6 +2518,25 @@ mod tests {
         }
         let one = shared.load(Ordering::Relaxed);
         assert!((16..=17).contains(&one), "back to single requests: {one}");
+    }
+
+    #[test]
+    fn only_handlers_with_a_poll_of_their_own_are_polled() {
+        fn echo<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+            resp.payload.extend_from_slice(req.payload);
+            Ok(())
+        }
+        struct Polling;
+        impl Handler for Polling {
+            fn call<'a>(&self, _: &Request<'a>, _: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+                Ok(())
+            }
+            fn poll(&self, _: usize) -> bool {
+                true
+            }
+        }
+        assert!(!echo.polls());
+        assert!(Polling.polls());
     }
 
     #[test]
