@@ -1787,6 +1787,8 @@ impl ServerShared {
             method = match String::from_utf8(bytes) {
                 Ok(method) => method,
                 Err(_) => {
+                    // The cached name is gone (empty now): so is what it was.
+                    response.method_is_control = false;
                     done_with_body();
                     return Err("method name is not UTF-8");
                 }
@@ -1849,8 +1851,10 @@ impl ServerShared {
             Err(Status::deadline_exceeded(
                 "deadline expired before the server started the call",
             ))
-        } else if is_control {
-            let op = &method[crate::control::PREFIX.len()..];
+        } else if let Some(op) = is_control
+            .then(|| method.strip_prefix(crate::control::PREFIX))
+            .flatten()
+        {
             self.control_call(op, payload, &mut builder)
         } else if let Some(waited) = refused {
             self.shed.fetch_add(1, Ordering::Relaxed);
