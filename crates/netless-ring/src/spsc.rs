@@ -420,10 +420,10 @@ impl Producer<'_> {
     ) -> Result<(), PushError> {
         let len = H.saturating_add(payload.len());
         let start = self.reserve(len)?;
+        // The record's slots start..start + slots_for(len) are free and lie before the end
+        // of the array (`reserve`); the arguments are caller memory, not the ring.
         #[cfg(not(loom))]
-        // SAFETY: the record's slots start..start + slots_for(len) are free and lie before
-        // the end of the array (`reserve`), so its body's `len` bytes are in bounds and the
-        // producer's alone; the arguments are caller memory, not the ring.
+        // SAFETY: so the body's `len` bytes are in bounds and the producer's alone.
         unsafe {
             let body = self.slots.body_ptr(start);
             core::ptr::copy_nonoverlapping(header.as_ptr(), body, H);

@@ -207,8 +207,9 @@ fn sys_wait(
     let timeout = timeout
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: FUTEX_WAIT reads the word (a live, aligned AtomicU32) and the timespec (alive
-    // for the call, or null).
+    // FUTEX_WAIT reads the word (a live, aligned AtomicU32) and the timespec (alive for the
+    // call, or null).
+    // SAFETY: both are valid for those reads, as just said.
     let r = unsafe {
         libc::syscall(
             libc::SYS_futex,

@@ -469,8 +469,9 @@ impl Pipeline {
                 ..WireHeader::default()
             };
             staged.first_len = first_len;
-            // SAFETY: the run is ours (OWNED, unpublished) and `first_need` bytes fit in it
+            // The run is ours (OWNED, unpublished) and `first_need` bytes fit in it
             // (open_batch): the header's room, then the body.
+            // SAFETY: so these copies stay inside the run, as just said.
             unsafe {
                 let body = run.add(staged.used + first_len);
                 netless_shm::copy::copy_bytes(method.as_ptr(), body, method.len());
@@ -527,8 +528,9 @@ impl Pipeline {
             .replica
             .block_run(staged.start, staged.blocks)
             .expect("a claimed run lies inside the buffer");
-        // SAFETY: the batch holds a request, the fields fit a compact header and `used +
-        // need` fits in the run (all checked above).
+        // The batch holds a request, the fields fit a compact header and `used + need` fits
+        // in the run (all checked above).
+        // SAFETY: write_compact's contract, as just said.
         unsafe { write_compact(staged, run, call_id, method, payload, true) };
         let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
         let adaptive = ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE;

@@ -1639,9 +1639,9 @@ impl ServerShared {
             deadline: None,
         };
         let outcome = loop {
+            let len = usize::from(c.body_len);
             // SAFETY: body_at + body_len <= run_len (next_compact), inside the mapping.
-            let body =
-                unsafe { std::slice::from_raw_parts(run.add(body_at), usize::from(c.body_len)) };
+            let body = unsafe { std::slice::from_raw_parts(run.add(body_at), len) };
             let call_id = u64::from(c.call_id);
             builder.reset(call_id);
             request.payload = body;
@@ -2093,8 +2093,9 @@ impl ServerShared {
             // No lock, so no locked instruction stalling on this core's pending stores. The
             // worker itself sets `deferring` before the first DeferredReply exists, so once
             // another thread may reply, this worker sees the flag and locks too.
-            // SAFETY: one worker and no deferred replies: no other thread ever touches a
+            // One worker and no deferred replies: no other thread ever touches a
             // connection's producer (the acceptor and shutdown never do).
+            // SAFETY: so this access is exclusive, as just said.
             unsafe { conn.producer.get_unsynchronized() }
         } else {
             &mut **guard.insert(conn.producer.lock())
