@@ -1639,9 +1639,9 @@ impl ServerShared {
             deadline: None,
         };
         let outcome = loop {
-            let len = usize::from(c.body_len);
             // SAFETY: body_at + body_len <= run_len (next_compact), inside the mapping.
-            let body = unsafe { std::slice::from_raw_parts(run.add(body_at), len) };
+            let body =
+                unsafe { std::slice::from_raw_parts(run.add(body_at), usize::from(c.body_len)) };
             let call_id = u64::from(c.call_id);
             builder.reset(call_id);
             request.payload = body;
