@@ -16,8 +16,10 @@
 //!
 //! Stale *body* bytes of an earlier lap could happen to sit where the next record word will
 //! go and carry the right tag by chance (bodies are application data). So before publishing
-//! a record the producer also writes a "barrier" word that can never match
-//! (`!tag << 32`) at the slot after it, whenever that slot is free.
+//! a record the producer makes sure the slot after it holds a "barrier" word that can never
+//! match (`!tag << 32`), whenever that slot is free. It writes them a few slots ahead
+//! ([`CLEAR_AHEAD`]), not just after each record: the slot after a record is where the
+//! consumer polls next, and its line is best left to it until the next record goes there.
 //!
 //! This module validates every value it reads from the other side (a head outside
 //! `tail - nslots ..= tail`, a `len` that does not fit, a PAD at slot 0 → `Corrupt`), never
@@ -37,6 +39,8 @@ pub const MAX_SLOTS: u32 = 1 << 24;
 
 /// `len` of a PAD record.
 const PAD_LEN: u32 = u32::MAX;
+/// Slots past a record's end that the producer has barrier words in before it publishes.
+const CLEAR_AHEAD: u64 = 8;
 /// Size of the record word at the start of a record.
 const RECORD_WORD_BYTES: usize = 8;
 /// `u64` words per slot.
@@ -275,6 +279,7 @@ impl ResponseRing {
                 slots,
                 tail: position,
                 cached_head: position,
+                cleared: position,
             },
             Consumer {
                 head_word: head,
@@ -360,6 +365,8 @@ pub struct Producer<'a> {
     tail: u64,
     /// Last validated consumer head; `tail - cached_head <= nslots`.
     cached_head: u64,
+    /// The free slots from `tail` up to here hold barrier words (see the module docs).
+    cleared: u64,
 }
 
 impl Producer<'_> {
@@ -471,17 +478,36 @@ impl Producer<'_> {
                 .record_word(self.tail)
                 .store(record_word(tag(self.tail), PAD_LEN), Release);
         }
-        if end.wrapping_sub(self.cached_head) < nslots {
-            // The slot at `end` is free: make sure whatever stale bytes it holds cannot be
-            // taken for the next record. Relaxed: published by the Release in `publish`.
-            self.slots
-                .record_word(end)
-                .store(record_word(!tag(end), 0), Relaxed);
+        if (end.wrapping_sub(self.cleared) as i64) >= 0 {
+            self.clear_ahead(end);
         }
-        // (If that slot is not free it holds the record word of position end - nslots,
-        // which carries a different tag and which nobody overwrites before the consumer
-        // passes it.)
+        // The slot at `end`, if free, now holds a barrier: before `cleared`, the barriers
+        // written earlier are untouched (only records before `end` were written since). If
+        // it is not free it holds the record word of position end - nslots, which carries
+        // a different tag and which nobody overwrites before the consumer passes it.
         Ok(start)
+    }
+
+    /// Writes barrier words at the free slots from `end` to [`CLEAR_AHEAD`] slots past it,
+    /// so that whatever stale bytes they hold cannot be taken for a record, and moves
+    /// `cleared` past them. Done ahead, not at `end` alone before each publish: that slot's
+    /// line is the one the consumer polls next, and a store there now would take it from
+    /// the consumer only to have the next record's stores take it again.
+    #[inline(always)]
+    fn clear_ahead(&mut self, end: u64) {
+        // Free: the consumer has passed the record that used the slot a lap before.
+        let free_end = self.cached_head.wrapping_add(self.slots.nslots);
+        let to = end.wrapping_add(CLEAR_AHEAD);
+        let mut position = end;
+        while position != to && (free_end.wrapping_sub(position) as i64) > 0 {
+            // Relaxed: published by the Release in `publish` of this or a later record,
+            // before the consumer can look at the slot.
+            self.slots
+                .record_word(position)
+                .store(record_word(!tag(position), 0), Relaxed);
+            position = position.wrapping_add(1);
+        }
+        self.cleared = position;
     }
 
     /// Publishes the record `reserve` placed at `start`, its `len`-byte body written.

@@ -74,11 +74,21 @@ fn a_million_records_arrive_in_order_and_intact() {
             let _gone = Gone(&consumer_gone);
             let mut seq = 0;
             let mut out = vec![0u8; 2048];
+            // A record that never comes (its word lost, say) fails the test, not hangs it.
+            let (mut empty, mut since) = (0u32, std::time::Instant::now());
             while seq < RECORDS {
                 let Some(record) = consumer.peek().expect("honest ring is never corrupt") else {
+                    empty += 1;
+                    if empty.is_multiple_of(1024) {
+                        assert!(
+                            since.elapsed() < std::time::Duration::from_secs(60),
+                            "record {seq} never arrived"
+                        );
+                    }
                     std::thread::yield_now();
                     continue;
                 };
+                since = std::time::Instant::now();
                 let body = record.body();
                 let expected = payload(seq);
                 assert_eq!(body.len(), 8 + expected.len(), "record {seq}");
@@ -365,5 +375,61 @@ fn stale_body_bytes_never_look_like_a_record() {
             "step {step}: phantom record"
         );
         assert!(!consumer.has_next(), "step {step}: phantom record");
+    }
+}
+
+#[test]
+fn stale_body_bytes_never_look_like_a_record_while_the_consumer_lags() {
+    // As above, with the consumer up to a ring behind: the producer writes its barrier
+    // words ahead of each record only into slots the consumer has left, never into records
+    // it has still to read, and they still hide every stale body byte.
+    let nslots = 16u64;
+    let (mut head, mut slots) = words(nslots as usize);
+    let (mut producer, mut consumer) = ResponseRing::from_parts(&mut head, &mut slots).unwrap();
+    let max = producer.max_record_len();
+    let mut queued = std::collections::VecDeque::new();
+    let mut rng = 7u64;
+    let steps = if cfg!(miri) { 300 } else { 20_000 };
+    for step in 0..steps {
+        rng = mix(rng);
+        let len = (rng % (max as u64 + 1)) as usize;
+        let mut start = producer.position();
+        if (start % nslots) + (8 + len as u64).div_ceil(64) > nslots {
+            start += nslots - start % nslots; // after the PAD
+        }
+        let mut body = vec![(step % 251) as u8; len];
+        let mut k = 1u64;
+        while (k * 64) as usize <= len {
+            let future = start + k + nslots;
+            let word = ((future + 1) << 32) | 5;
+            let offset = (k * 64 - 8) as usize;
+            body[offset..offset + 8].copy_from_slice(&word.to_le_bytes());
+            k += 1;
+        }
+        match producer.try_push(&[&body]) {
+            Ok(()) => queued.push_back(body),
+            Err(PushError::Full) => {}
+            Err(e) => panic!("step {step}: {e}"),
+        }
+        // Consume none, some or all of what is queued.
+        rng = mix(rng);
+        let take = (rng % 4) as usize;
+        let take = if take == 3 {
+            queued.len()
+        } else {
+            take.min(queued.len())
+        };
+        for _ in 0..take {
+            let expected = queued.pop_front().unwrap();
+            let record = consumer.peek().unwrap().expect("a queued record");
+            assert_eq!(record.body(), &expected[..], "step {step}");
+            record.release();
+        }
+        if queued.is_empty() {
+            assert!(
+                consumer.peek().unwrap().is_none(),
+                "step {step}: phantom record"
+            );
+        }
     }
 }
