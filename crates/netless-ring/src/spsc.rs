@@ -495,19 +495,22 @@ impl Producer<'_> {
     /// the consumer only to have the next record's stores take it again.
     #[inline(always)]
     fn clear_ahead(&mut self, end: u64) {
-        // Free: the consumer has passed the record that used the slot a lap before.
-        let free_end = self.cached_head.wrapping_add(self.slots.nslots);
-        let to = end.wrapping_add(CLEAR_AHEAD);
-        let mut position = end;
-        while position != to && (free_end.wrapping_sub(position) as i64) > 0 {
+        // Free: the consumer has passed the record that used the slot a lap before. `reserve`
+        // made sure end - cached_head <= nslots, so this does not wrap.
+        let free = self
+            .cached_head
+            .wrapping_add(self.slots.nslots)
+            .wrapping_sub(end);
+        let count = free.min(CLEAR_AHEAD);
+        for i in 0..count {
+            let position = end.wrapping_add(i);
             // Relaxed: published by the Release in `publish` of this or a later record,
             // before the consumer can look at the slot.
             self.slots
                 .record_word(position)
                 .store(record_word(!tag(position), 0), Relaxed);
-            position = position.wrapping_add(1);
         }
-        self.cleared = position;
+        self.cleared = end.wrapping_add(count);
     }
 
     /// Publishes the record `reserve` placed at `start`, its `len`-byte body written.

@@ -440,6 +440,18 @@ impl ShortHeader {
         unsafe { &*(self as *const ShortHeader as *const [u8; SHORT_HEADER_LEN]) }
     }
 
+    /// Reads a header from bytes another process may be writing: one copy, then only the copy
+    /// is used. Any bit pattern is a valid `ShortHeader`; validation is the caller's.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of [`SHORT_HEADER_LEN`] bytes.
+    #[inline(always)]
+    pub unsafe fn read_from(src: *const u8) -> ShortHeader {
+        // SAFETY: the caller guarantees 32 readable bytes; read_unaligned copies them without
+        // assuming alignment, and every bit pattern is a valid ShortHeader.
+        unsafe { std::ptr::read_unaligned(src as *const ShortHeader) }
+    }
+
     /// The full header this short one stands for: a whole request, no metadata, no deadline,
     /// no stamp. Its shape still needs `validate_shape`.
     pub fn expand(&self) -> WireHeader {

@@ -30,7 +30,8 @@ use crate::handshake::{Frame, PROTOCOL_VERSION};
 use crate::layout::{
     align8, batch_bucket, block_state, bump, compact_flags, conn_tag, kind, latency_bucket,
     provisioning, read_request_header, wire_flags, CompactHeader, CompactReply, ResponseHeader,
-    WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, RESPONSE_HEADER_LEN,
+    ShortHeader, WireHeader, COMPACT_HEADER_LEN, COMPACT_REPLY_LEN, RESPONSE_HEADER_LEN,
+    SHORT_HEADER_LEN,
 };
 use crate::metadata::Metadata;
 use crate::segments::{ConnSegment, ReplicaSegment, ReplicaSpec};
@@ -484,6 +485,9 @@ const PARTIAL_TTL: Duration = Duration::from_secs(10);
 
 /// Most fragmented requests one connection may have half-sent at once.
 const MAX_PARTIALS: usize = 16;
+/// Most queue entries a worker serves in one [`ServerShared::serve_lone_run`]: between runs
+/// it goes idle for a moment, which is when retired connections' blocks can be reclaimed.
+const LONE_RUN: u32 = 64;
 /// How long a retired connection waits before its blocks are freed, so that a worker which
 /// has just dequeued one of its requests has finished looking at it.
 const RECLAIM_GRACE: Duration = Duration::from_millis(20);
@@ -1129,6 +1133,9 @@ impl ServerShared {
             .chain(sources.iter().map(WakeSource::doorbell))
             .collect();
         let handler_polls = self.handler.polls();
+        // Runs of lone requests served in one go (`serve_lone_run`): with one consumer per
+        // queue and no second entry held, and unless every request's time is measured.
+        let lone_runs = single && !jbsq2 && !measure;
         let handler_poll = || {
             if !handler_polls {
                 return false;
@@ -1240,7 +1247,36 @@ impl ServerShared {
                 }
             };
             busy = block.is_some();
-            let Some(block) = block else { continue };
+            let Some(mut block) = block else { continue };
+            let lone = if lone_runs {
+                self.lone_header(block)
+            } else {
+                None
+            };
+            if let Some(first) = lone {
+                let take_next = || take(false, false).flatten();
+                let (rest, n) = self.serve_lone_run(
+                    block,
+                    first,
+                    me,
+                    &mut cache,
+                    &mut response,
+                    &mut served,
+                    &take_next,
+                    &handler_poll,
+                );
+                if n != 0 {
+                    bump(&stats.batch[batch_bucket(1)], u64::from(n));
+                    per_entry.observe(1, &control.requests_per_entry_x16);
+                }
+                match rest {
+                    Some(other) => block = other,
+                    None => {
+                        me.serving.store(IDLE, Ordering::Release);
+                        continue;
+                    }
+                }
+            }
             if jbsq2 {
                 next = take(true, true).flatten();
                 if let Some(b) = next {
@@ -1335,12 +1371,46 @@ impl ServerShared {
         }
         let outcome = self.serve_conn(conn, block, &h, header_len, me, response);
         if let Err(why) = outcome {
-            self.violations.fetch_add(1, Ordering::Relaxed);
-            conn.close(Status::internal(format!(
-                "connection closed by service `{}`: the client violated the protocol ({why})",
-                self.service
-            )));
+            self.violated(conn, why);
         }
+    }
+
+    /// The run of `nblocks` blocks at `block` and their block-table words, if the run lies in
+    /// the buffer (and in `conn`'s partition) and every block of it is leased to `conn`.
+    #[inline(always)]
+    fn leased_run(
+        &self,
+        conn: &Conn,
+        block: u32,
+        nblocks: u32,
+    ) -> Result<(*mut u8, &[AtomicU32]), &'static str> {
+        let replica = &self.replica;
+        let run = replica
+            .block_run(block, nblocks)
+            .ok_or("block run outside the buffer")?;
+        if self.config.provisioning != Provisioning::Shared {
+            let part = replica.partition_for(conn.index);
+            if block < part.start || u64::from(block) + u64::from(nblocks) > u64::from(part.end) {
+                return Err("request blocks outside the connection's partition");
+            }
+        }
+        let owned = block_state::owned(conn.tag);
+        // In bounds: block_run checked block + nblocks <= nblocks of the buffer.
+        let words = &replica.table()[block as usize..(block + nblocks) as usize];
+        if words.iter().any(|w| w.load(Ordering::Acquire) != owned) {
+            return Err("request blocks not leased to this connection");
+        }
+        Ok((run, words))
+    }
+
+    /// Closes `conn` for breaking the protocol (`why`).
+    #[cold]
+    fn violated(&self, conn: &Conn, why: &str) {
+        self.violations.fetch_add(1, Ordering::Relaxed);
+        conn.close(Status::internal(format!(
+            "connection closed by service `{}`: the client violated the protocol ({why})",
+            self.service
+        )));
     }
 
     /// How long an entry stamped `stamp` waited, if too long to finish within the SLO (the
@@ -1377,24 +1447,10 @@ impl ServerShared {
         response: &mut Scratch,
     ) -> Result<(), &'static str> {
         let replica = &self.replica;
-        let table = replica.table();
         if h.kind != kind::REQUEST {
             return Err("queue entry is not a request");
         }
-        let run = replica
-            .block_run(block, h.nblocks)
-            .ok_or("block run outside the buffer")?;
-        if self.config.provisioning != Provisioning::Shared {
-            let part = replica.partition_for(conn.index);
-            if block < part.start || u64::from(block) + u64::from(h.nblocks) > u64::from(part.end) {
-                return Err("request blocks outside the connection's partition");
-            }
-        }
-        let owned = block_state::owned(conn.tag);
-        let words = &table[block as usize..(block + h.nblocks) as usize];
-        if words.iter().any(|w| w.load(Ordering::Acquire) != owned) {
-            return Err("request blocks not leased to this connection");
-        }
+        let (run, words) = self.leased_run(conn, block, h.nblocks)?;
         // nblocks >= 1 (block_run refuses 0) and a block holds either header.
         let capacity = h.nblocks as usize * replica.block_size() - header_len;
         h.validate_shape(self.config.max_message, capacity)?;
@@ -1479,6 +1535,7 @@ impl ServerShared {
     /// the previous body (`compact_flags::MORE` on all but the last), each whole and from
     /// this connection. The caller frees the run afterwards.
     #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
     fn serve_batch(
         &self,
         conn: &Arc<Conn>,
@@ -1675,6 +1732,152 @@ impl ServerShared {
         response.payload = payload;
         response.method = method;
         outcome
+    }
+
+    /// A lone request at `block` that [`ServerShared::serve_lone_run`] may serve: a whole
+    /// `ShortHeader` request, its blocks kept or not, from a pipeline (`BATCH_COMPACT`, which
+    /// alone means a batch of one) or not, and no other flag (not a batch of several, no
+    /// payload by reference). The rest of its checks come later; `None` sends it the
+    /// general way.
+    #[inline(always)]
+    fn lone_header(&self, block: u32) -> Option<ShortHeader> {
+        const LONE_FLAGS: u16 = (wire_flags::KEEP_BLOCKS | wire_flags::BATCH_COMPACT) as u16;
+        let first = self.replica.block_run(block, 1)?;
+        // SAFETY: `first` points at a whole block (>= 64 bytes) inside the mapping.
+        let h = unsafe { ShortHeader::read_from(first) };
+        (h.kind == kind::REQUEST_SHORT && h.flags & !LONE_FLAGS == 0).then_some(h)
+    }
+
+    /// Serves lone requests from the queue entry `block` on, the steady state at B = 1,
+    /// while each is a [`ServerShared::lone_header`] from `conn_index`'s connection, passes
+    /// every check `serve` would make, and calls the method this worker served last: as
+    /// `serve_same_method` does within a batch, with one handler builder and one `Request`
+    /// for all of them and none of `serve_conn`'s and `dispatch`'s checks that such a
+    /// request cannot need (it carries no stamp, metadata, deadline, fragment or
+    /// reference). Takes each next entry itself (`take`), up to [`LONE_RUN`] of them, and
+    /// polls the handler after each as the worker's loop does. Returns the first entry it
+    /// took and did not serve, for `serve` (which serves, refuses or reports it), and the
+    /// number it served (counted in the stats' entries; the caller adds them to the batch
+    /// sizes).
+    #[allow(clippy::too_many_arguments)]
+    fn serve_lone_run(
+        &self,
+        block: u32,
+        first: ShortHeader,
+        me: &WorkerSlot,
+        cache: &mut [Option<Arc<Conn>>],
+        response: &mut Scratch,
+        served: &mut u64,
+        take: &dyn Fn() -> Option<u32>,
+        poll: &dyn Fn() -> bool,
+    ) -> (Option<u32>, u32) {
+        let Some(conn) = self.lookup(first.conn_index, cache) else {
+            return (Some(block), 0);
+        };
+        let slot_tag = &self.slots[conn.index as usize].tag;
+        let stats = &self.replica.stats()[me.index];
+        let block_size = self.replica.block_size();
+        let method = std::mem::take(&mut response.method);
+        let mut builder = ResponseBuilder::recycle(
+            std::mem::take(&mut response.metadata),
+            std::mem::take(&mut response.payload),
+        );
+        let defer = |call_id| self.defer(conn, call_id);
+        builder.set_defer_hook(&defer, 0);
+        let mut request = Request {
+            method: &method,
+            metadata: Metadata::new(),
+            payload: &[],
+            deadline: None,
+        };
+        response.shed = None;
+        let (mut block, mut h, mut count) = (block, first, 0u32);
+        let rest = loop {
+            me.serving.store(conn.tag, Ordering::Relaxed);
+            // What `serve` and `serve_conn` check, in their order: anything off goes to them.
+            if h.token != conn.token || conn.dead.load(Ordering::Acquire) {
+                break Some(block);
+            }
+            let Ok((run, words)) = self.leased_run(conn, block, u32::from(h.nblocks)) else {
+                break Some(block);
+            };
+            // nblocks >= 1 (block_run refuses 0) and a block holds the header.
+            let capacity = usize::from(h.nblocks) * block_size - SHORT_HEADER_LEN;
+            if h.expand()
+                .validate_shape(self.config.max_message, capacity)
+                .is_err()
+            {
+                break Some(block);
+            }
+            // SAFETY: body_len <= capacity (validate_shape), the bytes after the header in the
+            // run, which block_run checked lies inside the mapping.
+            let body = unsafe {
+                std::slice::from_raw_parts(run.add(SHORT_HEADER_LEN), h.body_len as usize)
+            };
+            let method_len = usize::from(h.method_len);
+            if response.method_is_control
+                || !crate::bytes::same_bytes(method.as_bytes(), &body[..method_len])
+            {
+                break Some(block);
+            }
+            *served += 1;
+            if served.is_multiple_of(1024) {
+                response.shed_slo_us = None;
+            }
+            let started = served.is_multiple_of(16).then(Instant::now);
+            // The response ring's next lines while the handler runs, as `dispatch` takes them.
+            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+            prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
+            // Counted before its reply can go out, as the worker's loop counts an entry.
+            bump(&stats.entries, 1);
+            builder.reset(h.call_id);
+            request.payload = &body[method_len..];
+            let result = self.call_handler(&request, &mut builder);
+            let sent = self.finish_call(
+                conn, h.call_id, h.body_len, result, &builder, false, me, response,
+            );
+            // Only now, as in `dispatch`: the reply may have borrowed the blocks.
+            if h.flags & wire_flags::KEEP_BLOCKS as u16 == 0 {
+                for w in words {
+                    w.store(block_state::FREE, Ordering::Release);
+                }
+            }
+            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+            let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
+            prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+            if let Some(t) = started {
+                bump(
+                    &stats.latency[latency_bucket(t.elapsed().as_nanos() as u64)],
+                    1,
+                );
+            }
+            count += 1;
+            if let Err(why) = sent {
+                self.violated(conn, why);
+                break None;
+            }
+            poll();
+            if count == LONE_RUN {
+                break None;
+            }
+            let Some(next) = take() else { break None };
+            block = next;
+            match self.lone_header(block) {
+                Some(next)
+                    if next.conn_index == conn.index
+                        && slot_tag.load(Ordering::Acquire) == conn.tag =>
+                {
+                    h = next
+                }
+                _ => break Some(block),
+            }
+        };
+        drop(request);
+        let (metadata, payload) = builder.into_parts();
+        response.metadata = metadata;
+        response.payload = payload;
+        response.method = method;
+        (rest, count)
     }
 
     /// After the handler: counts the call (an OK one in the tally, the rest at once) and
@@ -2076,11 +2279,7 @@ impl ServerShared {
     /// as a failed `DeferredReply::send` does.
     fn send_deferred_batch(&self, conn: &Arc<Conn>, batch: &mut ReplyBatch) {
         if let Err(why) = self.send_batch(conn, batch) {
-            self.violations.fetch_add(1, Ordering::Relaxed);
-            conn.close(Status::internal(format!(
-                "connection closed by service `{}`: the client violated the protocol ({why})",
-                self.service
-            )));
+            self.violated(conn, why);
         }
     }
 
@@ -2385,11 +2584,7 @@ impl DeferredReply {
         self.server
             .respond(&self.conn, self.call_id, code, metadata, payload)
             .map_err(|why| {
-                self.server.violations.fetch_add(1, Ordering::Relaxed);
-                self.conn.close(Status::internal(format!(
-                    "connection closed by service `{}`: the client violated the protocol ({why})",
-                    self.server.service
-                )));
+                self.server.violated(&self.conn, why);
                 Status::unavailable(format!("the client's connection was closed: {why}"))
             })
     }

@@ -10,7 +10,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::*;
-use netless::{control, CallOptions, Client, ClientConfig, Code, Pipeline, Server};
+use netless::{control, CallOptions, Client, ClientConfig, Code, Pipeline, Server, ServerConfig};
 
 /// Entry point of spawned peers (run only by them, via `--ignored`).
 #[test]
@@ -543,4 +543,42 @@ fn wait_all_free(server: &Server, total: u32) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// At B = 1 a worker serves runs of lone requests in one go while they come from one
+/// connection and call one method (`serve_lone_run`); two pipelines interleaving in one
+/// queue, each changing methods and failing some calls, must still get each reply right, and
+/// the stats must count every call and entry once.
+#[test]
+fn lone_requests_of_two_connections_and_methods_interleave() {
+    let dir = TestDir::new("lone");
+    let config = ServerConfig {
+        workers: 1,
+        ..server_config(dir.path())
+    };
+    let _server = Server::bind("t.Lone", config, test_handler).unwrap();
+    let control = Client::connect_with("t.Lone", client_config(dir.path())).unwrap();
+    assert!(set(&control, "batch_mode=fixed").contains("batch_mode=fixed"));
+    set(&control, "batch=1");
+    let before = control.replica_stats();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let config = ClientConfig {
+                max_in_flight: 64,
+                ..client_config(dir.path())
+            };
+            std::thread::spawn(move || {
+                let mut pipe = Pipeline::connect("t.Lone", config).unwrap();
+                run(&mut pipe, 3000, 64)
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 1.0);
+    }
+    let after = control.replica_stats();
+    assert_eq!(after.calls - before.calls, 6000);
+    assert_eq!(after.entries - before.entries, 6000);
+    let fails = 2 * (0..3000u64).filter(|i| i % 5 >= 3).count() as u64;
+    assert_eq!(after.errors - before.errors, fails);
 }
