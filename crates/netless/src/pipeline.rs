@@ -366,10 +366,78 @@ impl Pipeline {
     /// server's buffer (use [`Client::call`], which sends fragments).
     #[inline]
     pub fn submit(&mut self, method: &str, payload: &[u8]) -> Result<u64, Status> {
-        match self.submit_same(method, payload) {
-            Some(call_id) => Ok(call_id),
-            None => self.submit_any(method, payload),
+        if let Some(call_id) = self.submit_same(method, payload) {
+            return Ok(call_id);
         }
+        if let Some(call_id) = self.submit_lone(method, payload) {
+            return Ok(call_id);
+        }
+        self.submit_any(method, payload)
+    }
+
+    /// `submit` at B = 1 (a batch holds one request, published at once), when an idle kept
+    /// run takes it: the request goes straight into the run behind a `ShortHeader` and is
+    /// enqueued, with none of a batch's bookkeeping. `None`, with nothing done, where that
+    /// does not hold or where any check `submit` makes could fail (its general path then
+    /// decides).
+    #[inline(always)]
+    fn submit_lone(&mut self, method: &str, payload: &[u8]) -> Option<u64> {
+        if self.staged.is_some() || !self.short_runs {
+            return None;
+        }
+        let shared = self.client.shared();
+        let ctrl = shared.replica.server_control();
+        let body_len = method.len() + payload.len();
+        let need = SHORT_HEADER_LEN + body_len;
+        if ctrl.batch_max.load(Ordering::Relaxed) > 1
+            || method.len() > usize::from(u16::MAX)
+            // `submit`'s limits, for a first request with a short header.
+            || align64(align8(need)) > self.max_run_bytes
+            || body_len > shared.server_max_message
+            || shared.dead.load(Ordering::Acquire)
+            // Under an SLO requests carry stamps (full headers) and are admitted by depth.
+            || crate::admission::stamps(ctrl)
+            || self.free.is_empty()
+        {
+            return None;
+        }
+        let block = shared.replica.block_size();
+        let used = need.div_ceil(block) as u32;
+        let (id, run) = self.kept.take_idle(shared, used)?;
+        let index = self.free.pop().expect("a free slot, checked above");
+        let call_id = claim(&mut self.slots, index);
+        let shared = self.client.shared();
+        let dst = shared
+            .replica
+            .block_run(run.start, used)
+            .expect("a kept run lies inside the buffer");
+        let header = ShortHeader {
+            token: shared.token,
+            call_id,
+            body_len: body_len as u32,
+            method_len: method.len() as u16,
+            flags: (wire_flags::BATCH_COMPACT | wire_flags::KEEP_BLOCKS) as u16,
+            conn_index: shared.conn_index,
+            kind: kind::REQUEST_SHORT,
+            nblocks: used as u16,
+        };
+        // The run is ours (OWNED, idle: no request of it in flight) and `used` of its blocks
+        // (take_idle gave one of at least that many) hold the header and body.
+        // SAFETY: so these copies stay inside the run, as just said.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, SHORT_HEADER_LEN);
+            let body = dst.add(SHORT_HEADER_LEN);
+            netless_shm::copy::copy_bytes(method.as_ptr(), body, method.len());
+            netless_shm::copy::copy_bytes(payload.as_ptr(), body.add(method.len()), payload.len());
+        }
+        if !crate::bytes::same_bytes(self.last_method.as_bytes(), method.as_bytes()) {
+            self.last_method.clear();
+            self.last_method.push_str(method);
+        }
+        self.staged_ids.push(call_id);
+        self.in_flight += 1;
+        self.enqueue(run.start, used, 1, Some(id));
+        Some(call_id)
     }
 
     /// `submit` for any request: the first of a batch, one naming its method, one that
@@ -846,14 +914,24 @@ impl Pipeline {
         // SAFETY: the run's first `first_len` bytes are the first request's header room, ours
         // and unpublished.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), run, staged.first_len) };
+        self.enqueue(staged.start, used, staged.count, staged.kept);
+    }
+
+    /// Enqueues the run at `start` (`used` blocks of it written), which holds the `count`
+    /// requests of `staged_ids`, and rings; the calls fail as NACKs at the next `poll` if
+    /// the queue refuses it.
+    fn enqueue(&mut self, start: u32, used: u32, count: u32, kept: Option<u32>) {
+        let shared = self.client.shared();
+        let table = shared.replica.table();
+        let block = shared.replica.block_size();
         let q = shared.replica.queue_for(shared.conn_index);
-        match q.queue.try_enqueue(staged.start) {
+        match q.queue.try_enqueue(start) {
             Ok(()) => {
                 netless_ring::ring(q.doorbell);
                 self.batches += 1;
-                self.batched += u64::from(staged.count);
-                self.last_batch = staged.count;
-                if let Some(id) = staged.kept {
+                self.batched += u64::from(count);
+                self.last_batch = count;
+                if let Some(id) = kept {
                     self.kept.published(id, &self.staged_ids);
                 }
                 // Start owning what the next batch will write: the kept run it will most
@@ -867,7 +945,7 @@ impl Pipeline {
                     .and_then(|&id| self.kept.runs[id as usize])
                 {
                     // After a lone request (low load), only as much as it filled.
-                    let ahead = if staged.count == 1 { used } else { run.blocks };
+                    let ahead = if count == 1 { used } else { run.blocks };
                     if let Some(dst) = shared.replica.block_run(run.start, run.blocks) {
                         prefetch_write_range(dst, ahead.min(run.blocks) as usize * block, 64);
                     }
@@ -875,9 +953,9 @@ impl Pipeline {
                 q.queue.prefetch_cell_ahead(8);
             }
             Err(e) => {
-                match staged.kept {
+                match kept {
                     Some(id) => self.kept.idle.push_back(id),
-                    None => shared.lease.unclaim(table, staged.start, used),
+                    None => shared.lease.unclaim(table, start, used),
                 }
                 let why = match e {
                     EnqueueError::Full => "receive queue is full",
