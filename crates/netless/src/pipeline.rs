@@ -366,13 +366,20 @@ impl Pipeline {
     /// server's buffer (use [`Client::call`], which sends fragments).
     #[inline]
     pub fn submit(&mut self, method: &str, payload: &[u8]) -> Result<u64, Status> {
-        if let Some(call_id) = self.submit_same(method, payload) {
-            return Ok(call_id);
+        match self.submit_same(method, payload) {
+            Some(call_id) => Ok(call_id),
+            None => self.submit_other(method, payload),
         }
-        if let Some(call_id) = self.submit_lone(method, payload) {
-            return Ok(call_id);
+    }
+
+    /// `submit` where `submit_same` does not apply: `submit_lone`, else the general path.
+    /// Out of line, so that `submit` stays small enough to inline into its callers.
+    #[inline(never)]
+    fn submit_other(&mut self, method: &str, payload: &[u8]) -> Result<u64, Status> {
+        match self.submit_lone(method, payload) {
+            Some(call_id) => Ok(call_id),
+            None => self.submit_any(method, payload),
         }
-        self.submit_any(method, payload)
     }
 
     /// `submit` at B = 1 (a batch holds one request, published at once), when an idle kept
@@ -920,6 +927,7 @@ impl Pipeline {
     /// Enqueues the run at `start` (`used` blocks of it written), which holds the `count`
     /// requests of `staged_ids`, and rings; the calls fail as NACKs at the next `poll` if
     /// the queue refuses it.
+    #[inline(always)]
     fn enqueue(&mut self, start: u32, used: u32, count: u32, kept: Option<u32>) {
         let shared = self.client.shared();
         let table = shared.replica.table();
