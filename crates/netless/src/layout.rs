@@ -447,8 +447,9 @@ impl ShortHeader {
     /// `src` must be valid for reads of [`SHORT_HEADER_LEN`] bytes.
     #[inline(always)]
     pub unsafe fn read_from(src: *const u8) -> ShortHeader {
-        // SAFETY: the caller guarantees 32 readable bytes; read_unaligned copies them without
-        // assuming alignment, and every bit pattern is a valid ShortHeader.
+        // read_unaligned copies the bytes without assuming alignment, and every bit pattern is
+        // a valid ShortHeader.
+        // SAFETY: the caller guarantees 32 readable bytes, as just said.
         unsafe { std::ptr::read_unaligned(src as *const ShortHeader) }
     }
 

@@ -1809,8 +1809,9 @@ impl ServerShared {
             {
                 break Some(block);
             }
-            // SAFETY: body_len <= capacity (validate_shape), the bytes after the header in the
-            // run, which block_run checked lies inside the mapping.
+            // body_len <= capacity (validate_shape): the bytes after the header in the run,
+            // which block_run checked lies inside the mapping.
+            // SAFETY: so the body is in bounds, as just said.
             let body = unsafe {
                 std::slice::from_raw_parts(run.add(SHORT_HEADER_LEN), h.body_len as usize)
             };
