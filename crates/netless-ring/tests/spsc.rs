@@ -339,6 +339,26 @@ fn a_corrupt_head_is_detected_by_the_producer() {
     assert_eq!(producer.try_push(&[]), Ok(()));
 }
 
+/// A `len`-byte body of `fill` for the record the producer at `position` pushes next,
+/// carrying at each slot boundary it covers the record word the consumer will expect at
+/// that slot one lap later.
+fn forged_body(position: u64, nslots: u64, len: usize, fill: u8) -> Vec<u8> {
+    let mut start = position;
+    if (start % nslots) + (8 + len as u64).div_ceil(64) > nslots {
+        start += nslots - start % nslots; // after the PAD
+    }
+    let mut body = vec![fill; len];
+    let mut k = 1u64;
+    while (k * 64) as usize <= len {
+        let future = start + k + nslots;
+        let word = ((future + 1) << 32) | 5;
+        let offset = (k * 64 - 8) as usize;
+        body[offset..offset + 8].copy_from_slice(&word.to_le_bytes());
+        k += 1;
+    }
+    body
+}
+
 #[test]
 fn stale_body_bytes_never_look_like_a_record() {
     // Every body carries, at each slot boundary it covers, the record word the consumer will
@@ -353,19 +373,7 @@ fn stale_body_bytes_never_look_like_a_record() {
     for step in 0..steps {
         rng = mix(rng);
         let len = (rng % (max as u64 + 1)) as usize;
-        let mut start = producer.position();
-        if (start % nslots) + (8 + len as u64).div_ceil(64) > nslots {
-            start += nslots - start % nslots; // after the PAD
-        }
-        let mut body = vec![0xab; len];
-        let mut k = 1u64;
-        while (k * 64) as usize <= len {
-            let future = start + k + nslots;
-            let word = ((future + 1) << 32) | 5;
-            let offset = (k * 64 - 8) as usize;
-            body[offset..offset + 8].copy_from_slice(&word.to_le_bytes());
-            k += 1;
-        }
+        let body = forged_body(producer.position(), nslots, len, 0xab);
         producer.try_push(&[&body]).unwrap();
         let record = consumer.peek().unwrap().unwrap();
         assert_eq!(record.body(), &body[..], "step {step}");
@@ -393,19 +401,7 @@ fn stale_body_bytes_never_look_like_a_record_while_the_consumer_lags() {
     for step in 0..steps {
         rng = mix(rng);
         let len = (rng % (max as u64 + 1)) as usize;
-        let mut start = producer.position();
-        if (start % nslots) + (8 + len as u64).div_ceil(64) > nslots {
-            start += nslots - start % nslots; // after the PAD
-        }
-        let mut body = vec![(step % 251) as u8; len];
-        let mut k = 1u64;
-        while (k * 64) as usize <= len {
-            let future = start + k + nslots;
-            let word = ((future + 1) << 32) | 5;
-            let offset = (k * 64 - 8) as usize;
-            body[offset..offset + 8].copy_from_slice(&word.to_le_bytes());
-            k += 1;
-        }
+        let body = forged_body(producer.position(), nslots, len, (step % 251) as u8);
         match producer.try_push(&[&body]) {
             Ok(()) => queued.push_back(body),
             Err(PushError::Full) => {}

@@ -1682,33 +1682,20 @@ impl ServerShared {
         count: &mut u32,
     ) -> Result<Option<(CompactHeader, usize)>, &'static str> {
         let (mut c, mut body_at) = next;
-        let method = std::mem::take(&mut response.method);
-        let mut builder = ResponseBuilder::recycle(
-            std::mem::take(&mut response.metadata),
-            std::mem::take(&mut response.payload),
-        );
-        let defer = |call_id| self.defer(conn, call_id);
-        builder.set_defer_hook(&defer, 0);
-        let mut request = Request {
-            method: &method,
-            metadata: Metadata::new(),
-            payload: &[],
-            deadline: None,
-        };
-        let outcome = loop {
+        self.with_builder(conn, response, |request, builder, response| loop {
             // SAFETY: body_at + body_len <= run_len (next_compact), inside the mapping.
             let body =
                 unsafe { std::slice::from_raw_parts(run.add(body_at), usize::from(c.body_len)) };
             let call_id = u64::from(c.call_id);
             builder.reset(call_id);
             request.payload = body;
-            let result = self.call_handler(&request, &mut builder);
+            let result = self.call_handler(request, builder);
             let sent = self.finish_call(
                 conn,
                 call_id,
                 c.body_len.into(),
                 result,
-                &builder,
+                builder,
                 false,
                 me,
                 response,
@@ -1725,13 +1712,7 @@ impl ServerShared {
                 Ok(other) => break Ok(Some(other)),
                 Err(why) => break Err(why),
             }
-        };
-        drop(request);
-        let (metadata, payload) = builder.into_parts();
-        response.metadata = metadata;
-        response.payload = payload;
-        response.method = method;
-        outcome
+        })
     }
 
     /// A lone request at `block` that [`ServerShared::serve_lone_run`] may serve: a whole
@@ -1777,6 +1758,104 @@ impl ServerShared {
         let slot_tag = &self.slots[conn.index as usize].tag;
         let stats = &self.replica.stats()[me.index];
         let block_size = self.replica.block_size();
+        response.shed = None;
+        self.with_builder(conn, response, |request, builder, response| {
+            let (mut block, mut h, mut count) = (block, first, 0u32);
+            let rest = loop {
+                me.serving.store(conn.tag, Ordering::Relaxed);
+                // What `serve` and `serve_conn` check, in their order: anything off goes to them.
+                if h.token != conn.token || conn.dead.load(Ordering::Acquire) {
+                    break Some(block);
+                }
+                let Ok((run, words)) = self.leased_run(conn, block, u32::from(h.nblocks)) else {
+                    break Some(block);
+                };
+                // nblocks >= 1 (block_run refuses 0) and a block holds the header.
+                let capacity = usize::from(h.nblocks) * block_size - SHORT_HEADER_LEN;
+                if h.expand()
+                    .validate_shape(self.config.max_message, capacity)
+                    .is_err()
+                {
+                    break Some(block);
+                }
+                // body_len <= capacity (validate_shape): the bytes after the header in the run,
+                // which block_run checked lies inside the mapping.
+                // SAFETY: so the body is in bounds, as just said.
+                let body = unsafe {
+                    std::slice::from_raw_parts(run.add(SHORT_HEADER_LEN), h.body_len as usize)
+                };
+                let method_len = usize::from(h.method_len);
+                if response.method_is_control
+                    || !crate::bytes::same_bytes(request.method.as_bytes(), &body[..method_len])
+                {
+                    break Some(block);
+                }
+                *served += 1;
+                if served.is_multiple_of(1024) {
+                    response.shed_slo_us = None;
+                }
+                let started = served.is_multiple_of(16).then(Instant::now);
+                // The response ring's next lines while the handler runs, as `dispatch` takes them.
+                let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+                prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
+                // Counted before its reply can go out, as the worker's loop counts an entry.
+                bump(&stats.entries, 1);
+                builder.reset(h.call_id);
+                request.payload = &body[method_len..];
+                let result = self.call_handler(request, builder);
+                let sent = self.finish_call(
+                    conn, h.call_id, h.body_len, result, builder, false, me, response,
+                );
+                // Only now, as in `dispatch`: the reply may have borrowed the blocks.
+                if h.flags & wire_flags::KEEP_BLOCKS as u16 == 0 {
+                    for w in words {
+                        w.store(block_state::FREE, Ordering::Release);
+                    }
+                }
+                let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
+                let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
+                prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+                if let Some(t) = started {
+                    bump(
+                        &stats.latency[latency_bucket(t.elapsed().as_nanos() as u64)],
+                        1,
+                    );
+                }
+                count += 1;
+                if let Err(why) = sent {
+                    self.violated(conn, why);
+                    break None;
+                }
+                poll();
+                if count == LONE_RUN {
+                    break None;
+                }
+                let Some(next) = take() else { break None };
+                block = next;
+                match self.lone_header(block) {
+                    Some(next)
+                        if next.conn_index == conn.index
+                            && slot_tag.load(Ordering::Acquire) == conn.tag =>
+                    {
+                        h = next
+                    }
+                    _ => break Some(block),
+                }
+            };
+            (rest, count)
+        })
+    }
+
+    /// Runs `f` with one handler builder and one `Request` (the method served last, no
+    /// metadata or deadline, its payload for `f` to set) for a run of calls on `conn`,
+    /// made from `response`'s recycled parts and given back to it afterwards.
+    #[inline(always)]
+    fn with_builder<R>(
+        &self,
+        conn: &Arc<Conn>,
+        response: &mut Scratch,
+        f: impl for<'a> FnOnce(&mut Request<'a>, &mut ResponseBuilder<'a>, &mut Scratch) -> R,
+    ) -> R {
         let method = std::mem::take(&mut response.method);
         let mut builder = ResponseBuilder::recycle(
             std::mem::take(&mut response.metadata),
@@ -1790,95 +1869,13 @@ impl ServerShared {
             payload: &[],
             deadline: None,
         };
-        response.shed = None;
-        let (mut block, mut h, mut count) = (block, first, 0u32);
-        let rest = loop {
-            me.serving.store(conn.tag, Ordering::Relaxed);
-            // What `serve` and `serve_conn` check, in their order: anything off goes to them.
-            if h.token != conn.token || conn.dead.load(Ordering::Acquire) {
-                break Some(block);
-            }
-            let Ok((run, words)) = self.leased_run(conn, block, u32::from(h.nblocks)) else {
-                break Some(block);
-            };
-            // nblocks >= 1 (block_run refuses 0) and a block holds the header.
-            let capacity = usize::from(h.nblocks) * block_size - SHORT_HEADER_LEN;
-            if h.expand()
-                .validate_shape(self.config.max_message, capacity)
-                .is_err()
-            {
-                break Some(block);
-            }
-            // body_len <= capacity (validate_shape): the bytes after the header in the run,
-            // which block_run checked lies inside the mapping.
-            // SAFETY: so the body is in bounds, as just said.
-            let body = unsafe {
-                std::slice::from_raw_parts(run.add(SHORT_HEADER_LEN), h.body_len as usize)
-            };
-            let method_len = usize::from(h.method_len);
-            if response.method_is_control
-                || !crate::bytes::same_bytes(method.as_bytes(), &body[..method_len])
-            {
-                break Some(block);
-            }
-            *served += 1;
-            if served.is_multiple_of(1024) {
-                response.shed_slo_us = None;
-            }
-            let started = served.is_multiple_of(16).then(Instant::now);
-            // The response ring's next lines while the handler runs, as `dispatch` takes them.
-            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-            prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
-            // Counted before its reply can go out, as the worker's loop counts an entry.
-            bump(&stats.entries, 1);
-            builder.reset(h.call_id);
-            request.payload = &body[method_len..];
-            let result = self.call_handler(&request, &mut builder);
-            let sent = self.finish_call(
-                conn, h.call_id, h.body_len, result, &builder, false, me, response,
-            );
-            // Only now, as in `dispatch`: the reply may have borrowed the blocks.
-            if h.flags & wire_flags::KEEP_BLOCKS as u16 == 0 {
-                for w in words {
-                    w.store(block_state::FREE, Ordering::Release);
-                }
-            }
-            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-            let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
-            prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
-            if let Some(t) = started {
-                bump(
-                    &stats.latency[latency_bucket(t.elapsed().as_nanos() as u64)],
-                    1,
-                );
-            }
-            count += 1;
-            if let Err(why) = sent {
-                self.violated(conn, why);
-                break None;
-            }
-            poll();
-            if count == LONE_RUN {
-                break None;
-            }
-            let Some(next) = take() else { break None };
-            block = next;
-            match self.lone_header(block) {
-                Some(next)
-                    if next.conn_index == conn.index
-                        && slot_tag.load(Ordering::Acquire) == conn.tag =>
-                {
-                    h = next
-                }
-                _ => break Some(block),
-            }
-        };
+        let outcome = f(&mut request, &mut builder, response);
         drop(request);
         let (metadata, payload) = builder.into_parts();
         response.metadata = metadata;
         response.payload = payload;
         response.method = method;
-        (rest, count)
+        outcome
     }
 
     /// After the handler: counts the call (an OK one in the tally, the rest at once) and
