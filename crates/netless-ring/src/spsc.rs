@@ -18,7 +18,7 @@
 //! go and carry the right tag by chance (bodies are application data). So before publishing
 //! a record the producer makes sure the slot after it holds a "barrier" word that can never
 //! match (`!tag << 32`), whenever that slot is free. It writes them a few slots ahead
-//! ([`CLEAR_AHEAD`]), not just after each record: the slot after a record is where the
+//! (`CLEAR_AHEAD`), not just after each record: the slot after a record is where the
 //! consumer polls next, and its line is best left to it until the next record goes there.
 //!
 //! This module validates every value it reads from the other side (a head outside
