@@ -402,8 +402,9 @@ impl Pipeline {
         let ctrl = shared.replica.server_control();
         let body_len = method.len() + payload.len();
         let need = SHORT_HEADER_LEN + body_len;
-        // A batch of one: batches of one request (B = 1), or adaptive batching with none of
-        // our requests at the server (it publishes this one at once, alone).
+        // A batch of one: batches of one request (B = 1), or adaptive batching with fewer
+        // than `ADAPTIVE_ALONE` of our requests at the server (it publishes this one at
+        // once, alone).
         let alone = ctrl.batch_max.load(Ordering::Relaxed) <= 1
             || (self.in_flight < ADAPTIVE_ALONE
                 && ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE);
