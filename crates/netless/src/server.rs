@@ -471,6 +471,15 @@ fn ring_client(conn: &Arc<Conn>) {
     ANY_OWED.set(true);
 }
 
+/// Gives a request's blocks back to their client (a plain Release store each: see
+/// `serve_conn`).
+#[inline(always)]
+fn free_blocks(words: &[AtomicU32]) {
+    for w in words {
+        w.store(block_state::FREE, Ordering::Release);
+    }
+}
+
 /// A fragmented request being reassembled.
 struct Partial {
     body: Vec<u8>,
@@ -499,6 +508,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Conn {
+    /// Starts owning the response ring's lines a reply with a `body_len`-byte body would
+    /// take now (a guess made before the handler runs: a reply about as long as the request).
+    #[inline(always)]
+    fn prefetch_reply(&self, body_len: usize) {
+        let next = self.next_record.load(Ordering::Relaxed) as *const u8;
+        prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body_len, 64);
+    }
+
+    /// After a reply with a `body_len`-byte body: starts owning the lines a reply like it
+    /// will take next time, but not the first (the client polls its record word, and
+    /// stealing it would only bounce).
+    #[inline(always)]
+    fn prefetch_next_reply(&self, body_len: usize) {
+        let next = self.next_record.load(Ordering::Relaxed) as *const u8;
+        let reply_len = 8 + RESPONSE_HEADER_LEN + body_len;
+        prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+    }
+
     /// Closes the connection, telling the client why.
     fn close(&self, status: Status) {
         if self.dead.swap(true, Ordering::AcqRel) {
@@ -1468,9 +1495,7 @@ impl ServerShared {
         let keep = h.reserved[0] & wire_flags::KEEP_BLOCKS != 0 && h.frag_len == h.body_len;
         let release = || {
             if !keep {
-                for w in words {
-                    w.store(block_state::FREE, Ordering::Release);
-                }
+                free_blocks(words);
             }
         };
         if h.reserved[0] & wire_flags::BATCH_MORE != 0 {
@@ -1795,9 +1820,8 @@ impl ServerShared {
                     response.shed_slo_us = None;
                 }
                 let started = served.is_multiple_of(16).then(Instant::now);
-                // The response ring's next lines while the handler runs, as `dispatch` takes them.
-                let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-                prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
+                // The response ring's next lines while the handler runs.
+                conn.prefetch_reply(body.len());
                 // Counted before its reply can go out, as the worker's loop counts an entry.
                 bump(&stats.entries, 1);
                 builder.reset(h.call_id);
@@ -1808,13 +1832,9 @@ impl ServerShared {
                 );
                 // Only now, as in `dispatch`: the reply may have borrowed the blocks.
                 if h.flags & wire_flags::KEEP_BLOCKS as u16 == 0 {
-                    for w in words {
-                        w.store(block_state::FREE, Ordering::Release);
-                    }
+                    free_blocks(words);
                 }
-                let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-                let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
-                prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+                conn.prefetch_next_reply(builder.body().len());
                 if let Some(t) = started {
                     bump(
                         &stats.latency[latency_bucket(t.elapsed().as_nanos() as u64)],
@@ -2071,8 +2091,7 @@ impl ServerShared {
             // about as long as the request). Not for a batch's requests: their replies are
             // gathered privately and go into the ring when the batch ends.
             if !response.collecting {
-                let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-                prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body.len(), 64);
+                conn.prefetch_reply(body.len());
             }
             let request = Request {
                 method: &method,
@@ -2097,12 +2116,9 @@ impl ServerShared {
         // reply's stores, which the CPU commits in order. The client claims its next call's
         // blocks while it waits for this reply, so it is not waiting for these.
         done_with_body();
-        // While idle, start owning the lines a reply like this one will use next time (not
-        // the first: the client polls its record word, and stealing it would only bounce).
+        // While idle, start owning the lines a reply like this one will use next time.
         if !response.collecting {
-            let next = conn.next_record.load(Ordering::Relaxed) as *const u8;
-            let reply_len = 8 + RESPONSE_HEADER_LEN + builder.body().len();
-            prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+            conn.prefetch_next_reply(builder.body().len());
         }
         let (metadata, payload) = builder.into_parts();
         response.metadata = metadata;
