@@ -253,16 +253,29 @@ impl KeptRuns {
         }
     }
 
-    /// An idle kept run of at least `need` blocks, still OWNED by us. Smaller ones met on
-    /// the way are given back (the batches have grown past them), and ones no longer ours
-    /// (the table is memory the server writes) forgotten.
-    fn take_idle(&mut self, shared: &Shared, need: u32) -> Option<(u32, KeptRun)> {
+    /// An idle kept run of at least `need` blocks, still OWNED by us: all of it, or (not
+    /// `WHOLE`, for a caller that writes only `need` blocks) its first `need` blocks: a lone
+    /// 64-byte echo in a run kept for a batch of 32 of them so reads 2 words of the table,
+    /// not 37 (which, at low load under adaptive batching, cost every lone request reusing
+    /// such a run, see design.md).
+    /// Smaller ones met on the way are given back (the batches have grown past them), and
+    /// ones no longer ours (the table is memory the server writes) forgotten.
+    fn take_idle<const WHOLE: bool>(
+        &mut self,
+        shared: &Shared,
+        need: u32,
+    ) -> Option<(u32, KeptRun)> {
         let table = shared.replica.table();
         while let Some(id) = self.idle.pop_front() {
             let Some(run) = self.runs.get(id as usize).copied().flatten() else {
                 continue;
             };
-            if !shared.lease.holds(table, run.start, run.blocks) {
+            let checked = if WHOLE {
+                run.blocks
+            } else {
+                need.min(run.blocks)
+            };
+            if !shared.lease.holds(table, run.start, checked) {
                 self.forget(id);
             } else if run.blocks < need {
                 self.forget(id);
@@ -422,7 +435,7 @@ impl Pipeline {
         }
         let block = shared.replica.block_size();
         let used = need.div_ceil(block) as u32;
-        let (id, run) = self.kept.take_idle(shared, used)?;
+        let (id, run) = self.kept.take_idle::<false>(shared, used)?;
         let index = self.free.pop().expect("a free slot, checked above");
         let call_id = claim(&mut self.slots, index);
         let shared = self.client.shared();
@@ -440,8 +453,9 @@ impl Pipeline {
             kind: kind::REQUEST_SHORT,
             nblocks: used as u16,
         };
-        // The run is ours (OWNED, idle: no request of it in flight) and `used` of its blocks
-        // (take_idle gave one of at least that many) hold the header and body.
+        // The run's first `used` blocks (take_idle gave a run of at least that many, and
+        // checked those) are ours (OWNED, idle: no request of it in flight) and hold the
+        // header and body.
         // SAFETY: so these copies stay inside the run, as just said.
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, SHORT_HEADER_LEN);
@@ -830,7 +844,7 @@ impl Pipeline {
             .min(self.max_run_bytes)
             .div_ceil(block) as u32;
         let table = shared.replica.table();
-        let (start, blocks, kept) = match self.kept.take_idle(shared, want.max(one)) {
+        let (start, blocks, kept) = match self.kept.take_idle::<true>(shared, want.max(one)) {
             Some((id, run)) => (run.start, run.blocks, Some(id)),
             None => {
                 let head = shared.shared_head();
