@@ -253,13 +253,13 @@ impl KeptRuns {
         }
     }
 
-    /// An idle kept run of at least `need` blocks, still OWNED by us: all of it, or (not
-    /// `WHOLE`, for a caller that writes only `need` blocks) its first `need` blocks: a lone
-    /// 64-byte echo in a run kept for a batch of 32 of them so reads 2 words of the table,
-    /// not 37 (which, at low load under adaptive batching, cost every lone request reusing
-    /// such a run, see design.md).
-    /// Smaller ones met on the way are given back (the batches have grown past them), and
-    /// ones no longer ours (the table is memory the server writes) forgotten.
+    /// An idle kept run of at least `need` blocks, still OWNED by us: the whole run if
+    /// `WHOLE`, else only its first `need` blocks, for a caller that writes no more (a lone
+    /// 64-byte echo reusing a run kept for an adaptive batch of 32 then reads 2 table words,
+    /// not 37, which at low load cost every lone request that reused such a run: design.md,
+    /// "Runs of lone requests"). Smaller runs met on the way are given back (the batches
+    /// have grown past them), and ones no longer ours (the table is memory the server
+    /// writes) forgotten.
     fn take_idle<const WHOLE: bool>(
         &mut self,
         shared: &Shared,
