@@ -7,6 +7,7 @@ use crate::layout::{
     block_state, compact_flags, kind, wire_flags, CompactHeader, ShortHeader, WireHeader,
     COMPACT_HEADER_LEN, HEADER_LEN, SHORT_HEADER_LEN,
 };
+use crate::pipeline::Pipeline;
 use crate::sync::Ordering;
 
 /// Ways a faulty client can corrupt a replica's shared memory.
@@ -186,4 +187,39 @@ fn write_at(replica: &crate::segments::ReplicaSegment, block: u32, header: &Wire
         // SAFETY: dst is a whole block inside the mapping; this is deliberate test garbage.
         unsafe { std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN) };
     }
+}
+
+/// The byte `steal_kept_tail` fills a stolen block with.
+const CANARY: u8 = 0xc5;
+
+/// Plays a faulty server that hands the last block of one of `pipe`'s idle kept runs (of
+/// two blocks or more) to another connection: its table word gets a tag no connection of
+/// this pipeline has, and its bytes a canary. Returns the block, or `None` if no such run
+/// is kept. The pipeline must not write that block again ([`canary_intact`]).
+pub fn steal_kept_tail(pipe: &Pipeline) -> Option<u32> {
+    let (start, blocks) = pipe
+        .idle_kept_runs()
+        .into_iter()
+        .find(|&(_, blocks)| blocks >= 2)?;
+    let replica = pipe.client().shared().replica();
+    let block = start + blocks - 1;
+    let size = replica.block_size();
+    let dst = replica.block_run(block, 1)?;
+    // SAFETY: dst is one whole block inside the mapping; this is deliberate test garbage.
+    unsafe { std::ptr::write_bytes(dst, CANARY, size) };
+    // A tag of the last connection index of the largest generation: no live connection's.
+    replica.table()[block as usize]
+        .store(crate::layout::conn_tag(0xfffe, 0x7fff), Ordering::Release);
+    Some(block)
+}
+
+/// Whether `block` still holds the canary [`steal_kept_tail`] wrote.
+pub fn canary_intact(pipe: &Pipeline, block: u32) -> bool {
+    let replica = pipe.client().shared().replica();
+    let size = replica.block_size();
+    replica.block_run(block, 1).is_some_and(|src| {
+        // SAFETY: src is one whole block inside the mapping, read as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src, size) };
+        bytes.iter().all(|&b| b == CANARY)
+    })
 }

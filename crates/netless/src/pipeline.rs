@@ -391,6 +391,23 @@ impl Pipeline {
         }
     }
 
+    /// Its connection, for fault injection ([`crate::fault::steal_kept_tail`]).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The runs this pipeline keeps and holds no request in (fault injection).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn idle_kept_runs(&self) -> Vec<(u32, u32)> {
+        self.kept
+            .idle
+            .iter()
+            .filter_map(|&id| self.kept.runs.get(id as usize).copied().flatten())
+            .map(|run| (run.start, run.blocks))
+            .collect()
+    }
+
     /// `submit` where `submit_same` does not apply: `submit_lone`, else the general path.
     /// Out of line, so that `submit` stays small enough to inline into its callers.
     #[inline(never)]

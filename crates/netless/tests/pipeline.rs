@@ -392,6 +392,69 @@ fn a_full_pipeline_says_so() {
     server.wait().unwrap();
 }
 
+/// A kept run is the pipeline's only while the block table says so (memory the server
+/// writes): a faulty server hands the last block of one to another connection. A lone
+/// request, which writes only the run's first block, may still use it; a batch, which may
+/// grow to fill the whole run, must not, and the stolen block is never written.
+#[test]
+fn a_kept_run_no_longer_wholly_ours_is_not_filled() {
+    let dir = TestDir::new("stolen");
+    let _server = Server::bind("t.Stolen", server_config(dir.path()), test_handler).unwrap();
+    let control = Client::connect_with("t.Stolen", client_config(dir.path())).unwrap();
+    set(&control, "batch_mode=fixed");
+    set(&control, "batch=8");
+    let config = ClientConfig {
+        max_in_flight: 8,
+        ..client_config(dir.path())
+    };
+    let mut pipe = Pipeline::connect("t.Stolen", config).unwrap();
+    // Sends one request per payload (as one batch, when the registers say so) and checks
+    // every echo.
+    let echo_all = |pipe: &mut Pipeline, payloads: &[Vec<u8>]| {
+        let mut expected = HashMap::new();
+        for p in payloads {
+            expected.insert(pipe.submit("Echo", p).unwrap(), p.clone());
+        }
+        pipe.flush();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !expected.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{} calls unanswered",
+                expected.len()
+            );
+            pipe.wait(Some(Duration::from_secs(1))).unwrap();
+            pipe.poll(|id, reply| {
+                assert_eq!(
+                    reply.unwrap(),
+                    expected.remove(&id).expect("a call in flight")
+                );
+            })
+            .unwrap();
+        }
+    };
+    // A batch of 8 echoes of 100 bytes: a run of 15 blocks (136 + 7 × 112 = 920 bytes),
+    // kept, idle once answered.
+    echo_all(&mut pipe, &vec![vec![1u8; 100]; 8]);
+    let stolen = netless::fault::steal_kept_tail(&pipe).expect("a kept run of the batch");
+    // Lone requests of 20 bytes take the run's first block, still ours.
+    set(&control, "batch=1");
+    for i in 0..4u8 {
+        echo_all(&mut pipe, &[vec![i; 20]]);
+    }
+    // A batch whose first request (20 bytes) asks for room for 8 like it (280 bytes, 5
+    // blocks) and whose others (120 bytes each) then fill 952 bytes: in the old run that
+    // reaches its 15th block, the stolen one.
+    set(&control, "batch=8");
+    let mut batch = vec![vec![2u8; 20]];
+    batch.extend((0..7u8).map(|i| vec![i; 120]));
+    echo_all(&mut pipe, &batch);
+    assert!(
+        netless::fault::canary_intact(&pipe, stolen),
+        "the pipeline wrote block {stolen}, which the table gave to another connection"
+    );
+}
+
 /// A whole call without metadata, deadline or SLO takes the 32-byte short header: a `Slow`
 /// call's 12-byte body then fits one 64-byte block, where with a full header (as a call with
 /// a deadline still takes) it needs two; and a lone pipelined 20-byte echo keeps a run of one
