@@ -9,9 +9,8 @@
 //! - `fixed`: a batch is published when it holds `batch` requests (or on `flush`/`wait`);
 //! - `adaptive` (default): a request goes out at once, alone, while the server has fewer
 //!   than 8 of ours outstanding, so at low load there is no batching and no added latency
-//!   (with none outstanding, as before, the open-loop p50 at 5% of the peak was 1.05–1.31×
-//!   B=1's once B=1 had its own lean path; with 8, 1.01–1.08×). Otherwise it
-//!   joins the open batch, which goes out when it holds `batch`, or at the caller's next
+//!   (docs/design.md, "Runs of lone requests", has the figures). Otherwise it joins the
+//!   open batch, which goes out when it holds `batch`, or at the caller's next
 //!   `poll` once it holds an eighth of the requests the server still has of ours, or at
 //!   `wait`/`flush`. A batch thus holds what the caller submitted while the server was busy
 //!   (a caller behind its arrivals submits many between polls), and a caller keeping a deep
@@ -130,6 +129,12 @@ const NO_RUN: u32 = u32::MAX;
 /// Adaptive batching sends a request at once, alone, while the server has fewer than this
 /// many of ours outstanding.
 const ADAPTIVE_ALONE: u32 = 8;
+
+/// Whether adaptive batching sends a request alone with `outstanding` of ours at the server.
+#[inline(always)]
+fn adaptive_alone(outstanding: u32) -> bool {
+    outstanding < ADAPTIVE_ALONE
+}
 
 /// A run of the buffer this pipeline keeps OWNED between batches (`wire_flags::KEEP_BLOCKS`):
 /// the server leaves it claimed after reading it, and the next batch is written there once
@@ -432,11 +437,10 @@ impl Pipeline {
         let ctrl = shared.replica.server_control();
         let body_len = method.len() + payload.len();
         let need = SHORT_HEADER_LEN + body_len;
-        // A batch of one: batches of one request (B = 1), or adaptive batching with fewer
-        // than `ADAPTIVE_ALONE` of our requests at the server (it publishes this one at
-        // once, alone).
+        // A batch of one: batches of one request (B = 1), or adaptive batching at low load
+        // (it publishes this one at once, alone).
         let alone = ctrl.batch_max.load(Ordering::Relaxed) <= 1
-            || (self.in_flight < ADAPTIVE_ALONE
+            || (adaptive_alone(self.in_flight)
                 && ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE);
         if !alone
             || method.len() > usize::from(u16::MAX)
@@ -553,7 +557,7 @@ impl Pipeline {
             // else twice the last batch (each slot claimed costs a CAS, so not `batch`
             // blindly, but a batch that filled its room may grow quickly).
             let room = if adaptive {
-                if self.in_flight < ADAPTIVE_ALONE {
+                if adaptive_alone(self.in_flight) {
                     1
                 } else {
                     self.last_batch.saturating_mul(2).clamp(1, batch_max)
@@ -664,8 +668,7 @@ impl Pipeline {
         self.staged_ids.push(call_id);
         self.in_flight += 1;
         let count = self.staged.as_ref().map_or(0, |s| s.count);
-        let low_load = self.in_flight - count < ADAPTIVE_ALONE;
-        if count >= batch_max || (adaptive && low_load) {
+        if count >= batch_max || (adaptive && adaptive_alone(self.in_flight - count)) {
             self.publish();
         }
     }
