@@ -246,11 +246,7 @@ impl Domain {
 
     /// Whether process `pid` is a live member of this domain.
     pub fn has_member(&self, pid: u32) -> bool {
-        pid != 0
-            && self.inner.map.members().iter().any(|m| {
-                m.state.load(Ordering::Acquire) & 0xff == member_state::ALIVE
-                    && m.pid.load(Ordering::Acquire) == pid
-            })
+        crate::members::has_live_pid(&self.inner.map, pid)
     }
 
     /// Revokes a Ref this process created and nobody mapped: its hold on the pages ends.
@@ -278,12 +274,7 @@ impl Domain {
             free_pages: pages::free_count(&inner.map),
             held_pages: pages::held_by(&inner.map, inner.member),
             leased_pages: local.lease.len(),
-            members: inner
-                .map
-                .members()
-                .iter()
-                .filter(|m| m.state.load(Ordering::Relaxed) & 0xff == member_state::ALIVE)
-                .count(),
+            members: crate::members::live_count(&inner.map),
             outstanding_refs: local.outstanding.len(),
             bytes_copied: row.bytes_copied.load(Ordering::Relaxed),
             pages_copied: row.pages_copied.load(Ordering::Relaxed),
@@ -293,7 +284,7 @@ impl Domain {
     /// Releases the pool references of members that died, at once (the coordinator does this
     /// when it sees a member's socket close). Returns how many members were reaped.
     pub fn reap_dead(&self) -> usize {
-        crate::coordinator::reap_dead_members(&self.inner.map, Some(self.inner.member))
+        crate::members::reap_dead_members(&self.inner.map, Some(self.inner.member))
     }
 
     // ----- The DmRPC calls (DmRPC Table II), on top of the same machinery. -----
@@ -950,7 +941,7 @@ impl Inner {
             pages::release_sole(&self.map, self.member, page);
         }
         // Anything still marked ours (outstanding slots overwritten by others) goes too.
-        crate::coordinator::release_member(&self.map, self.member, true);
+        crate::members::release_member(&self.map, self.member, true);
     }
 }
 

@@ -61,10 +61,6 @@ pub(crate) mod member_state {
     pub const REAPING: u64 = 3;
 }
 
-pub(crate) fn member_state_alive() -> u64 {
-    member_state::ALIVE
-}
-
 /// One process's row in the process table.
 #[repr(C, align(64))]
 pub(crate) struct MemberRow {

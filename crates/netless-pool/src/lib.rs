@@ -35,6 +35,7 @@ mod coordinator;
 mod domain;
 mod error;
 mod layout;
+mod members;
 mod pages;
 mod refs;
 
@@ -60,17 +61,7 @@ impl Domain {
     pub fn private(geometry: PoolGeometry) -> Result<Domain, PoolError> {
         let map = std::sync::Arc::new(layout::PoolMap::create(geometry, 0)?);
         let member = 0;
-        let row = &map.members()[member];
-        let pid = std::process::id();
-        row.pid.store(pid, std::sync::atomic::Ordering::Relaxed);
-        row.start_time.store(
-            coordinator::process_start_time(pid).unwrap_or(0),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        row.state.store(
-            1 << 32 | layout::member_state_alive(),
-            std::sync::atomic::Ordering::Release,
-        );
+        members::claim_private_row(&map, member);
         Ok(Domain::from_parts(
             map,
             member,
