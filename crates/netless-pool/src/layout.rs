@@ -23,9 +23,9 @@ pub const PAGE_SIZE: usize = 4096;
 /// Members a domain can hold at once: one holder bit each in a page word.
 pub const MAX_MEMBERS: usize = 56;
 /// Page tables a ref slot can name (each lists up to [`TABLE_ENTRIES`] pages).
-pub const SLOT_TABLES: usize = 24;
+pub(crate) const SLOT_TABLES: usize = 24;
 /// Page indexes per page-table page.
-pub const TABLE_ENTRIES: usize = PAGE_SIZE / 4;
+pub(crate) const TABLE_ENTRIES: usize = PAGE_SIZE / 4;
 /// The largest buffer one Ref can name: 24 tables × 1024 pages × 4 KiB = 96 MiB.
 pub const MAX_REF_BYTES: usize = SLOT_TABLES * TABLE_ENTRIES * PAGE_SIZE;
 
@@ -55,10 +55,10 @@ pub(crate) struct PoolHeader {
 
 /// Member row states (low byte of [`MemberRow::state`]; the high 32 bits count reuses).
 pub(crate) mod member_state {
-    pub const FREE: u64 = 0;
-    pub const JOINING: u64 = 1;
-    pub const ALIVE: u64 = 2;
-    pub const REAPING: u64 = 3;
+    pub(crate) const FREE: u64 = 0;
+    pub(crate) const JOINING: u64 = 1;
+    pub(crate) const ALIVE: u64 = 2;
+    pub(crate) const REAPING: u64 = 3;
 }
 
 /// One process's row in the process table.
@@ -84,10 +84,10 @@ const _: () = assert!(std::mem::size_of::<MemberRow>() == 64);
 
 /// Ref slot states (low byte of [`RefSlot::state`]).
 pub(crate) mod slot_state {
-    pub const FREE: u64 = 0;
-    pub const BUILDING: u64 = 1;
-    pub const READY: u64 = 2;
-    pub const TAKEN: u64 = 3;
+    pub(crate) const FREE: u64 = 0;
+    pub(crate) const BUILDING: u64 = 1;
+    pub(crate) const READY: u64 = 2;
+    pub(crate) const TAKEN: u64 = 3;
 }
 
 /// A Ref in the pool: the pages of a buffer, listed in page-table pages held by the creator.
@@ -192,7 +192,7 @@ impl std::fmt::Debug for PoolMap {
 
 impl PoolMap {
     /// Creates a new pool segment, all pages free.
-    pub fn create(geometry: PoolGeometry, domain_id: u64) -> Result<PoolMap, PoolError> {
+    pub(crate) fn create(geometry: PoolGeometry, domain_id: u64) -> Result<PoolMap, PoolError> {
         geometry.validate()?;
         let header = geometry.header(domain_id);
         let segment = Segment::create("netless-pool", header.total_len as usize)?;
@@ -207,7 +207,7 @@ impl PoolMap {
     }
 
     /// Maps a pool segment received from the domain's coordinator, validating its geometry.
-    pub fn attach(
+    pub(crate) fn attach(
         fd: std::os::fd::OwnedFd,
         expect_domain: Option<u64>,
     ) -> Result<PoolMap, PoolError> {
@@ -246,19 +246,19 @@ impl PoolMap {
         Ok(PoolMap { segment, header })
     }
 
-    pub fn segment(&self) -> &Segment {
+    pub(crate) fn segment(&self) -> &Segment {
         &self.segment
     }
 
-    pub fn domain_id(&self) -> u64 {
+    pub(crate) fn domain_id(&self) -> u64 {
         self.header.domain_id
     }
 
-    pub fn npages(&self) -> u32 {
+    pub(crate) fn npages(&self) -> u32 {
         self.header.npages
     }
 
-    pub fn nslots(&self) -> u32 {
+    pub(crate) fn nslots(&self) -> u32 {
         self.header.nslots
     }
 
@@ -274,30 +274,30 @@ impl PoolMap {
         }
     }
 
-    pub fn members(&self) -> &[MemberRow] {
+    pub(crate) fn members(&self) -> &[MemberRow] {
         // SAFETY: the geometry (validated at create/attach) places MAX_MEMBERS 64-byte rows at
         // MEMBERS_OFFSET, 64-byte aligned, inside the segment; MemberRow is all atomics.
         unsafe { self.array(MEMBERS_OFFSET as u64, MAX_MEMBERS) }
     }
 
-    pub fn slots(&self) -> &[RefSlot] {
+    pub(crate) fn slots(&self) -> &[RefSlot] {
         // SAFETY: validated geometry puts nslots 128-byte slots inside the segment at
         // slots_offset = 4096 + 56 × 64 = 7680 = 60 × 128 (aligned); RefSlot is all atomics.
         unsafe { self.array(self.header.slots_offset, self.header.nslots as usize) }
     }
 
-    pub fn words(&self) -> &[AtomicU64] {
+    pub(crate) fn words(&self) -> &[AtomicU64] {
         // SAFETY: validated geometry: npages u64 words at words_offset (8-aligned), inside.
         unsafe { self.array(self.header.words_offset, self.header.npages as usize) }
     }
 
-    pub fn hints(&self) -> &[AtomicU64] {
+    pub(crate) fn hints(&self) -> &[AtomicU64] {
         // SAFETY: validated geometry: npages / 64 u64 words at hints_offset (8-aligned), inside.
         unsafe { self.array(self.header.hints_offset, self.header.npages as usize / 64) }
     }
 
     /// Pointer to the first byte of page `page` (which the caller has bounds-checked).
-    pub fn page_ptr(&self, page: u32) -> *mut u8 {
+    pub(crate) fn page_ptr(&self, page: u32) -> *mut u8 {
         debug_assert!(page < self.header.npages);
         self.segment
             .as_ptr()
