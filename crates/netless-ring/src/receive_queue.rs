@@ -537,17 +537,14 @@ mod tests {
         client.try_enqueue(5).unwrap();
         let head = ConsumerHead::new();
         assert_eq!(server.try_dequeue(&head), Dequeue::Item(5));
-        // SAFETY: same region.
-        assert!(matches!(
-            unsafe { ReceiveQueue::attach(region, 64) },
-            Err(LayoutError::TooSmall { .. })
-        ));
+        // SAFETY: the first 64 bytes of `backing`, accessed only as this layout's atomics.
+        let too_small = unsafe { ReceiveQueue::attach(region, 64) };
+        assert!(matches!(too_small, Err(LayoutError::TooSmall { .. })));
         // SAFETY: region + 8 is in bounds.
         let misaligned = unsafe { region.add(8) };
-        // SAFETY: in bounds, fails on alignment before reading.
-        assert!(matches!(
-            unsafe { ReceiveQueue::attach(misaligned, len - 8) },
-            Err(LayoutError::Misaligned { .. })
-        ));
+        // SAFETY: `len - 8` bytes of `backing` from `misaligned`, accessed only as this
+        // layout's atomics (it fails on alignment before reading any).
+        let misaligned = unsafe { ReceiveQueue::attach(misaligned, len - 8) };
+        assert!(matches!(misaligned, Err(LayoutError::Misaligned { .. })));
     }
 }
