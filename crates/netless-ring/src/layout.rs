@@ -176,6 +176,26 @@ impl Default for DoorbellWords {
     }
 }
 
+impl core::fmt::Debug for RegionHeader {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        use crate::sync::Ordering::Relaxed;
+        f.debug_struct("RegionHeader")
+            .field("magic", &format_args!("{:#018x}", self.magic.load(Relaxed)))
+            .field("version", &self.version.load(Relaxed))
+            .field("capacity", &self.capacity.load(Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl core::fmt::Debug for PositionLine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        use crate::sync::Ordering::Relaxed;
+        f.debug_struct("PositionLine")
+            .field("position", &self.position.load(Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 impl core::fmt::Debug for DoorbellWords {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         use crate::sync::Ordering::Relaxed;

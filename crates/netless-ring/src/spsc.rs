@@ -228,6 +228,7 @@ impl<'a> Slots<'a> {
 /// record.release();
 /// assert!(consumer.peek().unwrap().is_none());
 /// ```
+#[derive(Debug)]
 pub enum ResponseRing {}
 
 impl ResponseRing {
