@@ -160,6 +160,19 @@ impl Drop for GrpcServing {
     }
 }
 
+impl std::fmt::Debug for GrpcServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The services themselves are boxed tower services with no Debug: show their names.
+        let names: Vec<&str> = self.services.iter().map(|(name, _)| *name).collect();
+        f.debug_struct("GrpcServer")
+            .field("services", &names)
+            .field("max_streams", &self.max_streams)
+            .field("config", &self.config)
+            .field("runtime_threads", &self.runtime_threads)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for GrpcServing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrpcServing")
