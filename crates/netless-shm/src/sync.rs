@@ -6,6 +6,9 @@
 //! Under loom, atomics are not real memory, so [`crate::futex_wait`] and
 //! [`crate::futex_wake`] degrade to a yield (see their docs).
 
+// The one module that names std's atomics and spin hints, which clippy.toml bans elsewhere.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 #[cfg(not(loom))]
 pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
