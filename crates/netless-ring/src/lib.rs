@@ -13,6 +13,7 @@
 //! Under `cfg(loom)` the atomics come from `loom` (see [`sync`]) and the constructors that
 //! take raw regions are compiled out; the `from_parts` constructors remain.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 // Without loom the shim's atomics are std's own types, so clippy.toml's ban on std's atomics
 // (by type, not by path) cannot tell them from a direct use; clippy enforces it under
 // `--cfg loom`, where the shim's are loom's and any std atomic left escapes the models.
