@@ -1,13 +1,13 @@
 //! Wake-ups between processes: a waiter polls for a bounded spin budget, then announces
 //! that it sleeps and sleeps on a shared futex word; a waker issues the `FUTEX_WAKE`
-//! syscall only when someone announced sleeping, so ringing an idle-free doorbell costs one
+//! syscall only when someone announced sleeping, so notifying through a doorbell nobody sleeps on costs one
 //! fence and one load.
 //!
 //! This module owns the protocol on [`DoorbellWords`] (`sleepers`, `seq`); it never knows
 //! what the waiter waits for (the caller's `poll` closure) and never trusts the words:
 //! `sleepers` may be corrupted by a peer, so it is only used to decide whether to issue a
 //! wake syscall, with wrapping arithmetic, and every sleep is bounded by `max_sleep`, so a
-//! peer that never rings (crashed, malicious, or a corrupted counter) delays us by at most
+//! peer that never notifies (crashed, malicious, or a corrupted counter) delays us by at most
 //! that much per sleep, never forever.
 //!
 //! # Why no wake-up is lost
@@ -129,7 +129,7 @@ pub struct TimedOut;
 /// How one [`Sleeper::sleep`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SleepOutcome {
-    /// Woken by a ring (or spuriously).
+    /// Woken by a notification (or spuriously).
     Woken,
     /// Someone rang between [`DoorbellWords::announce_sleep`] and the sleep: did not sleep.
     ValueChanged,
@@ -139,19 +139,19 @@ pub enum SleepOutcome {
     Interrupted,
 }
 
-/// Rings the doorbell: wakes one sleeping waiter, if any announced sleeping. Call it after
+/// Notifies through the doorbell: wakes one sleeping waiter, if any announced sleeping. Call it after
 /// publishing what the waiter polls for. Costs one fence and one load when nobody sleeps.
-pub fn ring(words: &DoorbellWords) {
-    ring_count(words, 1);
+pub fn notify(words: &DoorbellWords) {
+    notify_count(words, 1);
 }
 
-/// Rings the doorbell for every sleeping waiter.
-pub fn ring_all(words: &DoorbellWords) {
-    ring_count(words, u32::MAX);
+/// Notifies every sleeping waiter.
+pub fn notify_all(words: &DoorbellWords) {
+    notify_count(words, u32::MAX);
 }
 
 #[inline]
-fn ring_count(words: &DoorbellWords, count: u32) {
+fn notify_count(words: &DoorbellWords, count: u32) {
     // SeqCst fence: orders the caller's publication before the `sleepers` load (module docs).
     fence(SeqCst);
     // Acquire: see module docs (orders the waiter's read of `seq` before our bump).
@@ -164,12 +164,12 @@ fn ring_count(words: &DoorbellWords, count: u32) {
 impl DoorbellWords {
     /// Announces that the caller is about to sleep: reads the sequence, counts itself in
     /// `sleepers` and fences. The caller must then poll once more (anything published
-    /// before a ring that did not see this announcement is visible now) and, if there is
+    /// before a notification that did not see this announcement is visible now) and, if there is
     /// still nothing, call [`Sleeper::sleep`]. Dropping the [`Sleeper`] retracts the
     /// announcement. [`wait`] does all of this; use this directly to integrate with another
     /// reactor.
     pub fn announce_sleep(&self) -> Sleeper<'_> {
-        // Read before counting ourselves: a ring that sees our count bumps `seq` after this.
+        // Read before counting ourselves: a notification that sees our count bumps `seq` after this.
         let ticket = self.seq.load(Acquire);
         // Wrapping (fetch_add wraps): the value may have been corrupted by a peer.
         self.sleepers.fetch_add(1, SeqCst);
@@ -181,7 +181,7 @@ impl DoorbellWords {
         }
     }
 
-    /// Current sequence number (bumped by every ring that saw a sleeper). For tests and
+    /// Current sequence number (bumped by every notification that saw a sleeper). For tests and
     /// statistics.
     pub fn sequence(&self) -> u32 {
         self.seq.load(Relaxed)
@@ -207,7 +207,7 @@ impl Sleeper<'_> {
         self.ticket
     }
 
-    /// Sleeps until rung, at most `timeout`, then retracts the announcement.
+    /// Sleeps until notified, at most `timeout`, then retracts the announcement.
     pub fn sleep(self, timeout: Duration) -> SleepOutcome {
         match futex_wait(&self.words.seq, self.ticket, Some(timeout)) {
             FutexWait::Woken => SleepOutcome::Woken,
@@ -237,7 +237,7 @@ impl fmt::Debug for Sleeper<'_> {
 ///
 /// `poll` is called first, before anything else (no clock read on the fast path). Spinning
 /// reads the clock only every 64 polls. Every sleep lasts at most `max_sleep` (and not past
-/// the deadline), so a peer that never rings cannot keep us asleep: after a timed-out sleep
+/// the deadline), so a peer that never notifies cannot keep us asleep: after a timed-out sleep
 /// we poll once and sleep again; after a wake-up, [`WaitMode::Adaptive`] spins its budget
 /// again. [`WaitMode::Spin`] without a deadline spins until `poll` succeeds.
 ///
@@ -249,7 +249,7 @@ impl fmt::Debug for Sleeper<'_> {
 /// let deadline = Some(Instant::now() + Duration::from_millis(5));
 /// let outcome = doorbell::wait(&words, &WaitPolicy::default(), deadline, Duration::from_millis(1), || None::<()>);
 /// assert_eq!(outcome, Err(netless_ring::TimedOut));
-/// doorbell::ring(&words); // nobody sleeps: no syscall
+/// doorbell::notify(&words); // nobody sleeps: no syscall
 /// ```
 pub fn wait<T>(
     words: &DoorbellWords,
@@ -275,7 +275,7 @@ pub fn wait_counted<T>(
 }
 
 /// [`wait_counted`] on several doorbells at once: `poll` checks everything they announce,
-/// and a sleep ends when any of them rings (one `futex_waitv`). For a thread that serves
+/// and a sleep ends when any of them is notified (one `futex_waitv`). For a thread that serves
 /// more than one source, such as a server worker that also collects the replies of calls it
 /// made. At most [`WAIT_ANY_MAX`] doorbells are slept on; the rest are only polled.
 ///
@@ -352,7 +352,7 @@ pub fn wait_any_counted<T>(
 /// [`DoorbellWords::announce_sleep`] on several doorbells (the first [`WAIT_ANY_MAX`]) at
 /// once, with one fence: the caller then polls once more for everything they announce and,
 /// if there is still nothing, calls [`SleepSet::sleep`], which returns when any of them
-/// rings. [`wait_any_counted`] does all of this.
+/// is notified. [`wait_any_counted`] does all of this.
 pub fn announce_sleep_any<'w>(words: &'w [&'w DoorbellWords]) -> SleepSet<'w> {
     let words = &words[..words.len().min(WAIT_ANY_MAX)];
     let mut tickets = [0; WAIT_ANY_MAX];
@@ -368,7 +368,7 @@ pub fn announce_sleep_any<'w>(words: &'w [&'w DoorbellWords]) -> SleepSet<'w> {
 
 /// Announced sleeps on several doorbells (see [`announce_sleep_any`]); dropping it retracts
 /// them all. Each announcement follows [`DoorbellWords::announce_sleep`]'s protocol, so a
-/// ring of any of them after the caller's last poll ends the sleep (module docs).
+/// notification of any of them after the caller's last poll ends the sleep (module docs).
 #[must_use = "dropping a SleepSet retracts the announcements; call sleep()"]
 pub struct SleepSet<'w> {
     words: &'w [&'w DoorbellWords],
@@ -381,7 +381,7 @@ impl SleepSet<'_> {
         self.tickets[i]
     }
 
-    /// Sleeps until any of the doorbells rings, at most `timeout`, then retracts the
+    /// Sleeps until any of the doorbells is notified, at most `timeout`, then retracts the
     /// announcements.
     pub fn sleep(self, timeout: Duration) -> SleepOutcome {
         if self.words.is_empty() {
@@ -478,14 +478,14 @@ mod tests {
         let words = DoorbellWords::new();
         let sleeper = words.announce_sleep();
         assert_eq!(words.sleepers(), 1);
-        ring(&words);
+        notify(&words);
         assert_eq!(words.sequence(), 1);
         assert_eq!(
             sleeper.sleep(Duration::from_secs(5)),
             SleepOutcome::ValueChanged
         );
         assert_eq!(words.sleepers(), 0);
-        ring(&words);
+        notify(&words);
         assert_eq!(words.sequence(), 1);
     }
 }

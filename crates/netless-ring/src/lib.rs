@@ -28,7 +28,7 @@ pub mod spsc;
 pub mod sync;
 
 pub use doorbell::{
-    announce_sleep_any, ring, ring_all, wait, wait_any_counted, wait_counted, DoorbellWords,
+    announce_sleep_any, notify, notify_all, wait, wait_any_counted, wait_counted, DoorbellWords,
     ParseWaitModeError, SleepOutcome, SleepSet, Sleeper, TimedOut, WaitMode, WaitPolicy,
 };
 pub use layout::LayoutError;

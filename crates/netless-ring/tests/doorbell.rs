@@ -43,7 +43,7 @@ fn a_sleeping_waiter_is_woken_promptly_by_ring() {
         std::thread::sleep(Duration::from_millis(20));
         flag.store(true, Ordering::Release);
         *rung_at.lock().unwrap() = Some(Instant::now());
-        doorbell::ring(&words);
+        doorbell::notify(&words);
         let (got, woke_at) = waiter.join().unwrap();
         assert_eq!(got, Ok(7));
         let latency = woke_at - rung_at.lock().unwrap().unwrap();
@@ -89,7 +89,7 @@ fn wait_honours_the_deadline() {
 
 #[test]
 fn max_sleep_bounds_every_sleep_when_nobody_rings() {
-    // A peer publishes but never rings (crashed or malicious): the waiter notices within
+    // A peer publishes but never notifies (crashed or malicious): the waiter notices within
     // about max_sleep anyway.
     let words = DoorbellWords::new();
     let flag = AtomicBool::new(false);
@@ -111,7 +111,7 @@ fn max_sleep_bounds_every_sleep_when_nobody_rings() {
         });
         std::thread::sleep(Duration::from_millis(100));
         let set_at = Instant::now();
-        flag.store(true, Ordering::Release); // no ring
+        flag.store(true, Ordering::Release); // no notification
         let (got, _) = waiter.join().unwrap();
         assert_eq!(got, Ok(()));
         assert!(set_at.elapsed() < Duration::from_millis(1000));
@@ -194,7 +194,7 @@ fn ping_pong_loses_no_wake_up() {
                         slow += 1;
                     }
                     turn.store(mine + 1, Ordering::Release);
-                    doorbell::ring(&bells[1 - side as usize]);
+                    doorbell::notify(&bells[1 - side as usize]);
                 }
                 assert_eq!(slow, 0, "side {side}: lost wake-ups");
             });

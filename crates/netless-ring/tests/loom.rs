@@ -326,7 +326,7 @@ fn ring_wraps_with_a_pad() {
 fn doorbell_loses_no_wake_up() {
     // The waiter announces it sleeps and polls once more; if it still sees nothing it would
     // sleep on `ticket` (forget keeps it counted as a sleeper). The waker publishes and
-    // rings. Whatever the interleaving, either the waiter saw the data or the sequence moved
+    // notifies. Whatever the interleaving, either the waiter saw the data or the sequence moved
     // past its ticket, so the kernel would not keep it asleep.
     model(3, || {
         let words = Arc::new(DoorbellWords::new());
@@ -335,7 +335,7 @@ fn doorbell_loses_no_wake_up() {
             let (words, data) = (words.clone(), data.clone());
             thread::spawn(move || {
                 data.store(true, Ordering::Release);
-                doorbell::ring(&words);
+                doorbell::notify(&words);
             })
         };
         let sleeper = words.announce_sleep();
@@ -352,7 +352,7 @@ fn doorbell_loses_no_wake_up() {
 }
 
 #[test]
-fn doorbell_two_waiters_ring_all() {
+fn doorbell_two_waiters_notify_all() {
     model(2, || {
         let words = Arc::new(DoorbellWords::new());
         let data = Arc::new(AtomicBool::new(false));
@@ -373,7 +373,7 @@ fn doorbell_two_waiters_ring_all() {
             })
             .collect();
         data.store(true, Ordering::Release);
-        doorbell::ring_all(&words);
+        doorbell::notify_all(&words);
         for w in waiters {
             let (saw, ticket) = w.join().unwrap();
             assert!(saw || words.sequence() != ticket, "lost wake-up");
@@ -383,7 +383,7 @@ fn doorbell_two_waiters_ring_all() {
 
 #[test]
 fn doorbell_any_loses_no_wake_up() {
-    // A waiter announces on two doorbells and polls once more; the waker publishes and rings
+    // A waiter announces on two doorbells and polls once more; the waker publishes and notifies
     // the second. Either the waiter saw the data or that doorbell's sequence moved past the
     // ticket the waiter would sleep on.
     model(3, || {
@@ -393,7 +393,7 @@ fn doorbell_any_loses_no_wake_up() {
             let (words, data) = (words.clone(), data.clone());
             thread::spawn(move || {
                 data.store(true, Ordering::Release);
-                doorbell::ring(&words.1);
+                doorbell::notify(&words.1);
             })
         };
         let both = [&words.0, &words.1];

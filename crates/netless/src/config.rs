@@ -8,6 +8,7 @@ use std::time::Duration;
 use netless_ring::WaitPolicy;
 use netless_shm::Acl;
 
+use crate::slo::Slo;
 use crate::status::Status;
 
 /// Default largest message, either direction: 4 MiB, as gRPC.
@@ -52,62 +53,6 @@ pub enum Dispatch {
     Jbsq2,
     /// One queue per worker; each connection is bound to worker `index % workers` (RSS-like).
     Partitioned,
-}
-
-/// A latency objective: the server sizes its receive buffer for it and refuses, at once and
-/// with `RESOURCE_EXHAUSTED`, a request that would queue behind more than it allows.
-///
-/// ```
-/// use std::time::Duration;
-/// let slo = netless::Slo::new(Duration::from_micros(50)).mean_service(Duration::from_micros(5));
-/// assert!((slo.ratio().unwrap() - 10.0).abs() < 1e-9);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Slo {
-    /// The latency target for the time a request spends at the server.
-    pub target: Duration,
-    /// Mean handler time; `None`: measured by the server while it runs (the queue-depth
-    /// limit starts when it has seen [`Slo::WARMUP`] requests, and the buffer is sized for
-    /// an SLO of 10× the service time).
-    pub mean_service: Option<Duration>,
-    /// Mean request size (method, metadata and payload) the buffer is sized for.
-    pub mean_request_bytes: usize,
-}
-
-impl Slo {
-    /// Requests a server measures before it applies a measured queue-depth limit.
-    pub const WARMUP: u64 = 1000;
-
-    /// An SLO of `target` with a measured service time and 1 KiB requests.
-    pub fn new(target: Duration) -> Slo {
-        Slo {
-            target,
-            mean_service: None,
-            mean_request_bytes: 1024,
-        }
-    }
-
-    /// Declares the mean service time.
-    pub fn mean_service(self, mean: Duration) -> Slo {
-        Slo {
-            mean_service: Some(mean),
-            ..self
-        }
-    }
-
-    /// Declares the mean request size.
-    pub fn mean_request_bytes(self, bytes: usize) -> Slo {
-        Slo {
-            mean_request_bytes: bytes,
-            ..self
-        }
-    }
-
-    /// The SLO in mean service times, if the service time is declared.
-    pub fn ratio(&self) -> Option<f64> {
-        let s = self.mean_service?.as_secs_f64();
-        (s > 0.0).then(|| self.target.as_secs_f64() / s)
-    }
 }
 
 /// How a server is set up. Start from `ServerConfig::default()` and change what you need.
@@ -259,28 +204,29 @@ impl ServerConfig {
     /// drain one partition. At least 64 blocks, and at least room for the requests the
     /// queue-depth limit admits (that limit plus two per worker: one in service, one held by
     /// `jbsq2`), so that at the mean size a full buffer never refuses what the SLO allows.
-    pub fn slo_sizing(&self, slo: &Slo) -> crate::sizing::Sizing {
+    pub fn slo_sizing(&self, slo: &Slo) -> crate::slo::sizing::Sizing {
         let k = match self.provisioning {
             Provisioning::Shared => self.workers as u32,
             _ => 1,
         };
         let ratio = slo.ratio().unwrap_or(10.0);
-        let load = crate::sizing::max_load_for_slo(k, ratio);
+        let load = crate::slo::sizing::max_load_for_slo(k, ratio);
         let block = self.block_size as usize;
-        let msg = (crate::layout::HEADER_LEN + slo.mean_request_bytes).div_ceil(block) * block;
-        let mut s = crate::sizing::size_buffer(k, load, msg);
-        let admitted = crate::sizing::depth_limit(k, ratio) as usize + 2 * k as usize;
+        let msg =
+            (crate::wire::header::HEADER_LEN + slo.mean_request_bytes).div_ceil(block) * block;
+        let mut s = crate::slo::sizing::size_buffer(k, load, msg);
+        let admitted = crate::slo::sizing::depth_limit(k, ratio) as usize + 2 * k as usize;
         s.buffer_bytes = s
             .buffer_bytes
             .next_multiple_of(block)
             .max(64 * block)
             .max(admitted * msg);
-        s.slots = (s.buffer_bytes / crate::sizing::SLOT_BYTES) as u32;
+        s.slots = (s.buffer_bytes / crate::slo::sizing::SLOT_BYTES) as u32;
         s
     }
 
     /// Most requests a new one may queue behind under the SLO (see
-    /// [`crate::sizing::depth_limit`]); `None` without an SLO or a known service time.
+    /// [`crate::slo::sizing::depth_limit`]); `None` without an SLO or a known service time.
     pub(crate) fn depth_limit(&self, measured_service: Option<Duration>) -> Option<u32> {
         let slo = self.slo.as_ref()?;
         self.depth_limit_for(slo.target, slo.mean_service.or(measured_service)?)
@@ -296,7 +242,7 @@ impl ServerConfig {
             Dispatch::Partitioned => 1,
             _ => self.workers as u32,
         };
-        Some(crate::sizing::depth_limit(
+        Some(crate::slo::sizing::depth_limit(
             k,
             target.as_secs_f64() / service.as_secs_f64(),
         ))

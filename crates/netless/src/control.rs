@@ -16,7 +16,7 @@ use std::time::Duration;
 use netless_ring::{WaitMode, WaitPolicy};
 
 use crate::config::ServerConfig;
-use crate::layout::{
+use crate::segment::layout::{
     batch_mode, latency_bucket_floor, wait_mode, ServerControl, BATCH_BUCKETS, LATENCY_BUCKETS,
 };
 use crate::status::{Code, Status};
@@ -289,7 +289,7 @@ impl ReplicaStats {
 }
 
 /// Reads a replica's stats from its segment.
-pub(crate) fn snapshot(replica: &crate::segments::ReplicaSegment) -> ReplicaStats {
+pub(crate) fn snapshot(replica: &crate::segment::ReplicaSegment) -> ReplicaStats {
     let mut s = ReplicaStats {
         workers: replica.stats().len() as u32,
         latency: vec![0; LATENCY_BUCKETS],
@@ -331,7 +331,7 @@ pub(crate) fn snapshot(replica: &crate::segments::ReplicaSegment) -> ReplicaStat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::latency_bucket;
+    use crate::segment::layout::latency_bucket;
 
     fn control() -> Box<ServerControl> {
         // SAFETY: ServerControl is atomics only, for which all-zero bytes are valid.

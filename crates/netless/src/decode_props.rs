@@ -4,12 +4,12 @@
 
 use proptest::prelude::*;
 
-use crate::handshake::Frame;
-use crate::layout::{
-    kind, read_request_header, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN,
-    SHORT_HEADER_LEN,
+use crate::segment::BlockRun;
+use crate::wire::handshake::Frame;
+use crate::wire::header::{
+    kind, ResponseHeader, WireHeader, HEADER_LEN, RESPONSE_HEADER_LEN, SHORT_HEADER_LEN,
 };
-use crate::metadata::Metadata;
+use crate::wire::metadata::Metadata;
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
@@ -42,8 +42,7 @@ proptest! {
         } else if bytes[28..30] == kind::REQUEST_SHORT.to_le_bytes() {
             bytes[28] ^= 1;
         }
-        // SAFETY: `bytes` holds HEADER_LEN bytes.
-        let (h, len) = unsafe { read_request_header(bytes.as_ptr()) };
+        let (h, len) = BlockRun::over(&mut bytes.clone()).request_header();
         if short {
             // A short header stands for a whole request with nothing but method and payload.
             prop_assert_eq!(len, SHORT_HEADER_LEN);

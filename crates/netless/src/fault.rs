@@ -3,12 +3,14 @@
 //! be exercised across real processes. Never enabled in normal builds.
 
 use crate::client::Client;
-use crate::layout::{
-    block_state, compact_flags, kind, wire_flags, CompactHeader, ShortHeader, WireHeader,
-    COMPACT_HEADER_LEN, HEADER_LEN, SHORT_HEADER_LEN,
-};
 use crate::pipeline::Pipeline;
+use crate::segment::layout::{block_state, conn_tag};
+use crate::segment::ReplicaSegment;
 use crate::sync::Ordering;
+use crate::wire::header::{
+    compact_flags, kind, wire_flags, CompactHeader, ShortHeader, WireHeader, HEADER_LEN,
+    SHORT_HEADER_LEN,
+};
 
 /// Ways a faulty client can corrupt a replica's shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +45,8 @@ pub enum ClientFault {
 /// Makes `client` misbehave as `fault` says. The server should close this client's
 /// connection (or drop the garbage) and keep serving everyone else.
 pub fn inject(client: &Client, fault: ClientFault) {
-    let shared = client.shared();
-    let replica = shared.replica();
+    let shared = client.connection();
+    let replica = &shared.replica;
     let (conn_index, token) = shared.conn_identity();
     let table = replica.table();
     let nblocks = table.len() as u32;
@@ -74,7 +76,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
             // And a free (unleased) block with a plausible header.
             write_at(replica, nblocks - 1, &header);
             let _ = queue.try_enqueue(nblocks - 1);
-            netless_ring::ring(view.doorbell);
+            netless_ring::notify(view.doorbell);
             return;
         }
         ClientFault::BadLength => header.frag_len = (block * 4) as u32,
@@ -90,15 +92,11 @@ pub fn inject(client: &Client, fault: ClientFault) {
             header.frag_len = body;
             let short = ShortHeader::of(&header).expect("a whole request without extras");
             let start = shared.claim_for_fault(1).expect("a block");
-            if let Some(dst) = replica.block_run(start, 1) {
-                // SAFETY: dst is a whole block (>= 64 bytes) inside the mapping, ours; this is
-                // deliberate test garbage.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(short.as_bytes().as_ptr(), dst, SHORT_HEADER_LEN)
-                };
+            if let Some(dst) = replica.run(start, 1) {
+                dst.write(0, &[short.as_bytes()]);
             }
             let _ = queue.try_enqueue(start);
-            netless_ring::ring(view.doorbell);
+            netless_ring::notify(view.doorbell);
             return;
         }
         ClientFault::ForeignBlocks => {}
@@ -108,26 +106,14 @@ pub fn inject(client: &Client, fault: ClientFault) {
             let mut second = header;
             header.reserved[0] = wire_flags::BATCH_MORE;
             second.call_id += 1;
-            if let Some(dst) = replica.block_run(start, 4) {
-                // SAFETY: dst is four whole blocks (256 bytes) inside the mapping, ours; the
-                // first header and body (80 bytes) and the second at 128 (80 bytes) fit.
-                unsafe {
-                    for (at, h) in [(0, &header), (128, &second)] {
-                        std::ptr::copy_nonoverlapping(
-                            h.as_bytes().as_ptr(),
-                            dst.add(at),
-                            HEADER_LEN,
-                        );
-                        std::ptr::copy_nonoverlapping(
-                            b"Echo".as_ptr(),
-                            dst.add(at + HEADER_LEN),
-                            4,
-                        );
-                    }
+            if let Some(dst) = replica.run(start, 4) {
+                // The first header and body (80 bytes) and the second at 128 fit 256 bytes.
+                for (at, h) in [(0, &header), (128, &second)] {
+                    dst.write(at, &[h.as_bytes(), b"Echo"]);
                 }
             }
             let _ = queue.try_enqueue(start);
-            netless_ring::ring(view.doorbell);
+            netless_ring::notify(view.doorbell);
             return;
         }
         ClientFault::BadCompactBatch | ClientFault::BadSameMethod => {
@@ -149,22 +135,14 @@ pub fn inject(client: &Client, fault: ClientFault) {
                     flags: compact_flags::SAME_METHOD,
                 }
             };
-            if let Some(dst) = replica.block_run(start, 2) {
-                // SAFETY: dst is two whole blocks (128 bytes) inside the mapping, ours; the
-                // first header, its 16-byte body and the compact header at 80 fit in them.
-                // This is deliberate test garbage.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN);
-                    std::ptr::copy_nonoverlapping(b"Echo".as_ptr(), dst.add(HEADER_LEN), 4);
-                    std::ptr::copy_nonoverlapping(
-                        second.as_bytes().as_ptr(),
-                        dst.add(HEADER_LEN + 16),
-                        COMPACT_HEADER_LEN,
-                    );
-                }
+            if let Some(dst) = replica.run(start, 2) {
+                // The first header, its 16-byte body and the compact header at 80 fit in
+                // two blocks (128 bytes).
+                dst.write(0, &[header.as_bytes(), b"Echo"]);
+                dst.write(HEADER_LEN + 16, &[second.as_bytes()]);
             }
             let _ = queue.try_enqueue(start);
-            netless_ring::ring(view.doorbell);
+            netless_ring::notify(view.doorbell);
             return;
         }
     }
@@ -179,13 +157,12 @@ pub fn inject(client: &Client, fault: ClientFault) {
     };
     write_at(replica, start, &header);
     let _ = queue.try_enqueue(start);
-    netless_ring::ring(view.doorbell);
+    netless_ring::notify(view.doorbell);
 }
 
-fn write_at(replica: &crate::segments::ReplicaSegment, block: u32, header: &WireHeader) {
-    if let Some(dst) = replica.block_run(block, 1) {
-        // SAFETY: dst is a whole block inside the mapping; this is deliberate test garbage.
-        unsafe { std::ptr::copy_nonoverlapping(header.as_bytes().as_ptr(), dst, HEADER_LEN) };
+fn write_at(replica: &ReplicaSegment, block: u32, header: &WireHeader) {
+    if let Some(dst) = replica.run(block, 1) {
+        dst.write(0, &[header.as_bytes()]);
     }
 }
 
@@ -201,25 +178,20 @@ pub fn steal_kept_tail(pipe: &Pipeline) -> Option<u32> {
         .idle_kept_runs()
         .into_iter()
         .find(|&(_, blocks)| blocks >= 2)?;
-    let replica = pipe.client().shared().replica();
+    let replica = &pipe.client().connection().replica;
     let block = start + blocks - 1;
-    let size = replica.block_size();
-    let dst = replica.block_run(block, 1)?;
-    // SAFETY: dst is one whole block inside the mapping; this is deliberate test garbage.
-    unsafe { std::ptr::write_bytes(dst, CANARY, size) };
+    let dst = replica.run(block, 1)?;
+    dst.write(0, &[&vec![CANARY; dst.len()]]);
     // A tag of the last connection index of the largest generation: no live connection's.
-    replica.table()[block as usize]
-        .store(crate::layout::conn_tag(0xfffe, 0x7fff), Ordering::Release);
+    replica.table()[block as usize].store(conn_tag(0xfffe, 0x7fff), Ordering::Release);
     Some(block)
 }
 
 /// Whether `block` still holds the canary [`steal_kept_tail`] wrote.
 pub fn canary_intact(pipe: &Pipeline, block: u32) -> bool {
-    let replica = pipe.client().shared().replica();
-    let size = replica.block_size();
-    replica.block_run(block, 1).is_some_and(|src| {
-        // SAFETY: src is one whole block inside the mapping, read as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(src, size) };
-        bytes.iter().all(|&b| b == CANARY)
+    let replica = &pipe.client().connection().replica;
+    replica.run(block, 1).is_some_and(|src| {
+        src.bytes(0, src.len())
+            .is_some_and(|bytes| bytes.iter().all(|&b| b == CANARY))
     })
 }

@@ -19,13 +19,20 @@
 //! assert_eq!(reply.payload, b"ping");
 //! # Ok::<(), netless::Status>(())
 //! ```
+//!
+//! The crate by role, each module depending only on those above it in this list:
+//!
+//! - `status`, `spin_lock`: status codes; the lock of a ring's end;
+//! - `wire`: the bytes of headers, replies, metadata and handshake frames;
+//! - `segment`: the shared segments, their layouts, block leases and the one validated view
+//!   of a run of blocks;
+//! - `slo`: SLO sizing ([`sizing`]) and admission; `config`: servers' and clients'
+//!   settings; [`control`]: live stats and soft registers;
+//! - `server`: [`Server`] and the handler API; `client`: [`Client`], [`Replicas`];
+//!   `pipeline`: [`Pipeline`].
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-mod admission;
-mod blocks;
-mod bytes;
-mod call;
 mod client;
 mod config;
 pub mod control;
@@ -34,34 +41,38 @@ mod decode_props;
 #[cfg(feature = "fault-injection")]
 #[doc(hidden)]
 pub mod fault;
-mod handshake;
-mod layout;
-mod metadata;
 mod pipeline;
-mod replicas;
-mod segments;
+mod segment;
 mod server;
-pub mod sizing;
+mod slo;
 mod spin_lock;
 mod status;
-mod wake;
+mod wire;
 
 pub(crate) use netless_shm::sync;
 
-pub use call::{CallOptions, Reply, Request, ResponseBuilder};
-pub use client::Client;
+pub use client::{CallOptions, Client, Replicas, Reply};
 pub use config::{
-    replica_of, ClientConfig, Dispatch, Provisioning, RetryPolicy, ServerConfig, Slo,
+    replica_of, ClientConfig, Dispatch, Provisioning, RetryPolicy, ServerConfig,
     DEFAULT_BUFFER_BYTES, DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_MESSAGE,
     DEFAULT_REF_THRESHOLD,
 };
 pub use control::ReplicaStats;
-pub use metadata::{Metadata, MAX_KEY_LEN};
 pub use netless_pool;
 pub use netless_ring::{WaitMode, WaitPolicy};
 pub use netless_shm::Acl;
 pub use pipeline::Pipeline;
-pub use replicas::Replicas;
-pub use server::{ConnectionWatch, DeferredReply, Handler, Server, ServerStats};
+pub use segment::WakeSource;
+pub use server::{
+    ConnectionWatch, DeferredReply, Handler, Request, ResponseBuilder, Server, ServerStats,
+};
+pub use slo::{sizing, Slo};
 pub use status::{Code, Status};
-pub use wake::WakeSource;
+pub use wire::metadata::{Metadata, MAX_KEY_LEN};
+
+/// Whether this build has the test-only fault-injection hooks (feature `fault-injection`):
+/// false in every build a user runs.
+#[doc(hidden)]
+pub const fn fault_injection_enabled() -> bool {
+    cfg!(feature = "fault-injection")
+}

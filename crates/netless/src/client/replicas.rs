@@ -21,8 +21,8 @@ use std::sync::RwLock;
 use std::thread;
 use std::time::Instant;
 
-use crate::call::{CallOptions, Reply};
-use crate::client::Client;
+use super::call::{CallOptions, Reply};
+use super::Client;
 use crate::config::{replica_of, resolve_socket, ClientConfig, RetryPolicy};
 use crate::status::Status;
 

@@ -1,276 +1,47 @@
-//! The RPC layer's shared-memory layouts: the replica segment, the connection segment and the
-//! message headers (the 64-byte `WireHeader` and its short and compact forms).
+//! The message headers in front of every request and response, as they lie in shared memory:
+//! the 64-byte `WireHeader`, its 32-byte short form for a whole plain request, the 8-byte
+//! compact header of each later request of a batch, the 32-byte `ResponseHeader` of a reply
+//! record and the 8-byte `CompactReply` of each reply in a batch record.
 //!
-//! This is the only module that turns raw pointers into these structs. Every struct here is
-//! plain integers (`#[repr(C)]`, any bit pattern is a valid value), read from shared memory as
-//! one snapshot and validated before use; nothing here trusts a peer.
-//!
-//! Replica segment (created by the server, passed to each client at connect):
-//!
-//! ```text
-//! 0        ReplicaHeader    geometry, written once by the server before any client attaches
-//! 128      ServerControl    written by the server: SLO depth limit, connection count
-//! 192      ClientControl    written by clients: the allocation head, NACK count
-//! c_off    queue lines      per queue, two lines: its workers' doorbell (sleep counter +
-//!                           futex word) and its consumer position as the server publishes it
-//! q_off    ReceiveQueues    nqueues MPSC queues of u32 block indexes (netless-ring), q_stride apart
-//! w_off    WorkerStats      one per worker, written only by that worker: counters, histograms
-//! t_off    block table      one AtomicU32 per 64-byte slot (block): FREE or OWNED(tag)
-//! s_off    blocks           nblocks × block_size bytes, nparts partitions of part_blocks;
-//!                           a request occupies a run of blocks inside its partition
-//! ```
-//! Connection segment (created by the client, passed to the server at connect):
-//!
-//! ```text
-//! 0        ConnHeader       geometry
-//! 128      DoorbellWords    the client's sleep counter + futex word
-//! r_off    ResponseRing     SPSC ring of response records (netless-ring)
-//! ```
-
-use crate::sync::{AtomicU32, AtomicU64};
-
-/// Version of every layout in this file; checked at attach.
-pub const LAYOUT_VERSION: u32 = 2;
-/// Magic at the start of a replica segment.
-pub const REPLICA_MAGIC: u64 = u64::from_le_bytes(*b"NLREPLIC");
-/// Magic at the start of a connection segment.
-pub const CONN_MAGIC: u64 = u64::from_le_bytes(*b"NLCONNEC");
-/// Offset of the doorbell words in both segments.
-pub const DOORBELL_OFFSET: usize = 128;
-
-/// Geometry of a replica segment, written by the server.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ReplicaHeader {
-    pub magic: u64,
-    pub version: u32,
-    pub block_size: u32,
-    pub nblocks: u32,
-    pub queue_capacity: u32,
-    pub max_message: u32,
-    pub max_connections: u32,
-    pub queue_offset: u64,
-    pub table_offset: u64,
-    pub blocks_offset: u64,
-    pub total_len: u64,
-    /// One of [`provisioning`].
-    pub provisioning: u32,
-    /// Partitions of the buffer (1, workers or max_connections by provisioning).
-    pub nparts: u32,
-    /// Blocks per partition (`nparts × part_blocks == nblocks`).
-    pub part_blocks: u32,
-    /// Receive queues (1, or one per worker for partitioned dispatch).
-    pub nqueues: u32,
-    /// Bytes from one queue to the next.
-    pub queue_stride: u64,
-    /// Where the per-queue lines start (two lines per queue: doorbell, published head).
-    pub qctl_offset: u64,
-    /// Where the workers' [`WorkerStats`] start.
-    pub stats_offset: u64,
-    /// Number of [`WorkerStats`] (one per worker).
-    pub stats_count: u32,
-    /// Bytes from one [`WorkerStats`] to the next.
-    pub stats_stride: u32,
-    pub reserved: [u64; 2],
-}
-const _: () = assert!(std::mem::size_of::<ReplicaHeader>() == 128);
-
-/// How a replica's receive buffer is split ([`ReplicaHeader::provisioning`]).
-pub mod provisioning {
-    /// One buffer every connection allocates from.
-    pub const SHARED: u32 = 0;
-    /// One partition per worker; a connection uses partition `conn_index % workers`.
-    pub const PER_WORKER: u32 = 1;
-    /// One partition per connection slot; a connection uses partition `conn_index`.
-    pub const PER_CONNECTION: u32 = 2;
-}
-
-/// Offset of the server-written control line.
-pub const SERVER_CONTROL_OFFSET: usize = 128;
-/// Offset of the client-written control line.
-pub const CLIENT_CONTROL_OFFSET: usize = 192;
-/// First byte after the fixed lines.
-pub const FIXED_END: usize = 256;
-/// Bytes of per-queue lines per queue.
-pub const QUEUE_LINES: usize = 128;
-
-/// Written by the server, read by clients and tools: the replica's soft registers (set with
-/// `netless ctl`, they take effect while it runs) and a few live values. All are hints a
-/// client may act on, never trust for memory safety.
-#[repr(C, align(64))]
-pub struct ServerControl {
-    /// Most queued requests a new one may join (its SLO); 0: no limit.
-    pub depth_limit: AtomicU32,
-    /// Live connections.
-    pub connections: AtomicU32,
-    /// Workers' spin budget before sleeping (adaptive wait), nanoseconds.
-    pub spin_ns: AtomicU64,
-    /// Workers' wait mode: one of [`wait_mode`].
-    pub wait_mode: AtomicU32,
-    /// Clients' request batching: one of [`batch_mode`].
-    pub batch_mode: AtomicU32,
-    /// Most requests per batch (1: no batching).
-    pub batch_max: AtomicU32,
-    /// Most connections the server admits (≤ its configured slots).
-    pub max_connections: AtomicU32,
-    /// The latency objective in nanoseconds (0: none).
-    pub slo_ns: AtomicU64,
-    /// Bumped by every change of a register.
-    pub generation: AtomicU32,
-    /// Requests per queue entry lately, in sixteenths (a batch is one entry for several
-    /// requests; 0 or 16: one). `depth_limit` counts requests and the queue counts entries,
-    /// so a client scales the depth it sees by this before comparing.
-    pub requests_per_entry_x16: AtomicU32,
-}
-const _: () = assert!(std::mem::size_of::<ServerControl>() == 64);
-
-/// Values of [`ServerControl::wait_mode`].
-pub mod wait_mode {
-    pub const SPIN: u32 = 0;
-    pub const FUTEX: u32 = 1;
-    pub const ADAPTIVE: u32 = 2;
-    pub const YIELD: u32 = 3;
-}
-
-/// Values of [`ServerControl::batch_mode`].
-pub mod batch_mode {
-    /// Batches of exactly `batch_max` (or what is pending at a flush).
-    pub const FIXED: u32 = 0;
-    /// Grow the batch to `batch_max` under load, shrink it to 1 when idle.
-    pub const ADAPTIVE: u32 = 1;
-}
-
-/// Buckets of [`WorkerStats::batch`]: requests per queue entry 1, 2, 3–4, 5–8, …, 129+.
-pub const BATCH_BUCKETS: usize = 9;
-/// Buckets of [`WorkerStats::latency`]: log-linear, 4 per power of two of nanoseconds.
-pub const LATENCY_BUCKETS: usize = 160;
-
-/// One worker's counters, in shared memory so `netless stat` reads them live. Written only by
-/// that worker, with plain (load + store) updates, so counting costs no locked instruction;
-/// readers never write.
-#[repr(C, align(64))]
-pub struct WorkerStats {
-    /// Requests answered.
-    pub calls: AtomicU64,
-    /// Requests answered with a status other than OK.
-    pub errors: AtomicU64,
-    /// Request bytes (method, metadata and payload) received; a compact request repeating
-    /// the method before it sends, and counts, no name.
-    pub bytes_in: AtomicU64,
-    /// Response bytes (metadata and payload) sent.
-    pub bytes_out: AtomicU64,
-    /// Times the worker went to sleep on its doorbell (each costs a wake-up).
-    pub sleeps: AtomicU64,
-    /// Queue entries taken (a batch is one entry).
-    pub entries: AtomicU64,
-    /// Requests answered, by gRPC status code (0..=16).
-    pub by_code: [AtomicU64; 17],
-    /// Requests per queue entry: [`BATCH_BUCKETS`] log2 buckets.
-    pub batch: [AtomicU64; BATCH_BUCKETS],
-    /// Time from taking a request to having sent its response, sampled: see
-    /// [`latency_bucket`].
-    pub latency: [AtomicU64; LATENCY_BUCKETS],
-}
-
-/// The [`WorkerStats::latency`] bucket of `ns` nanoseconds: 4 per power of two.
-pub fn latency_bucket(ns: u64) -> usize {
-    if ns < 4 {
-        return ns as usize;
-    }
-    let octave = 63 - ns.leading_zeros() as usize; // ≥ 2
-    let sub = ((ns >> (octave - 2)) & 3) as usize;
-    (octave * 4 + sub - 4).min(LATENCY_BUCKETS - 1)
-}
-
-/// The smallest value of bucket `b` (inverse of [`latency_bucket`]).
-pub fn latency_bucket_floor(b: usize) -> u64 {
-    if b < 4 {
-        return b as u64;
-    }
-    let octave = (b + 4) / 4;
-    let sub = ((b + 4) % 4) as u64;
-    (1u64 << octave) + (sub << (octave - 2))
-}
-
-/// The [`WorkerStats::batch`] bucket of a batch of `n` requests.
-pub fn batch_bucket(n: u32) -> usize {
-    (32 - n.max(1).saturating_sub(1).leading_zeros() as usize).min(BATCH_BUCKETS - 1)
-}
-
-/// Adds `n` to a counter only this thread writes: a load and a store, no locked instruction.
-pub fn bump(counter: &AtomicU64, n: u64) {
-    counter.store(
-        counter
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .wrapping_add(n),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-}
-
-/// A queue's consumer position as the server publishes it after each dequeue, on its own
-/// line: a client reads the queue's depth as the tail minus this.
-#[repr(C, align(64))]
-pub struct QueueHead {
-    pub position: AtomicU64,
-}
-
-/// Written by clients (any of them: the server treats every value as untrusted).
-#[repr(C, align(64))]
-pub struct ClientControl {
-    /// Where the next search for a free run starts (NEBULA's head pointer), per buffer.
-    pub alloc_head: AtomicU32,
-    pub _pad: u32,
-    /// Requests refused before sending (buffer full, queue too deep), for stats.
-    pub nacks: AtomicU64,
-}
-
-/// Geometry of a connection segment, written by the client.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ConnHeader {
-    pub magic: u64,
-    pub version: u32,
-    pub ring_slots: u32,
-    pub ring_offset: u64,
-    pub total_len: u64,
-}
-const _: () = assert!(std::mem::size_of::<ConnHeader>() == 32);
+//! Every header here is plain integers (`#[repr(C)]`, any bit pattern is a valid value),
+//! read from shared memory as one copy and validated (`validate_shape`) before any length in
+//! it is used; nothing here trusts a peer, and nothing here touches a segment.
 
 /// Message kinds in [`WireHeader::kind`].
-pub mod kind {
+pub(crate) mod kind {
     /// A request (or a fragment of one), client → server.
-    pub const REQUEST: u16 = 1;
+    pub(crate) const REQUEST: u16 = 1;
     /// A response (or a fragment of one), server → client.
-    pub const RESPONSE: u16 = 2;
+    pub(crate) const RESPONSE: u16 = 2;
     /// A ring record holding several whole responses, each behind a [`CompactReply`]
     /// (super::CompactReply): the replies to a compact request batch.
-    pub const RESPONSE_BATCH: u16 = 3;
+    pub(crate) const RESPONSE_BATCH: u16 = 3;
     /// A whole request behind a 32-byte [`ShortHeader`](super::ShortHeader) instead of a
     /// `WireHeader` (protocol 9 and later). Only at the start of a block run.
-    pub const REQUEST_SHORT: u16 = 4;
+    pub(crate) const REQUEST_SHORT: u16 = 4;
 }
 
 /// Bits of [`WireHeader::reserved`]`[0]` (request flags).
-pub mod wire_flags {
+pub(crate) mod wire_flags {
     /// The payload is a 32-byte `netless_pool::Ref` to the real payload in the domain's page
     /// pool (pass by reference); only on connections whose two sides share a domain.
-    pub const PAYLOAD_REF: u32 = 1;
+    pub(crate) const PAYLOAD_REF: u32 = 1;
     /// Another whole request of the same connection follows in the same run (a batch: one
     /// queue entry for several requests), behind a [`CompactHeader`](super::CompactHeader):
     /// only with [`BATCH_COMPACT`]. (Batches of full headers, each at the 64-byte boundary
     /// after the previous body, are refused since protocol 9; no client sent them since
     /// compact batches came in protocol 4.)
-    pub const BATCH_MORE: u32 = 2;
+    pub(crate) const BATCH_MORE: u32 = 2;
     /// Set on the first request of a batch whose other requests each carry an 8-byte
     /// [`CompactHeader`](super::CompactHeader) instead of a `WireHeader`, at the first 8-byte
     /// boundary after the previous request's body (see there).
-    pub const BATCH_COMPACT: u32 = 4;
+    pub(crate) const BATCH_COMPACT: u32 = 4;
     /// Set on the first request of a run the client keeps: the server leaves the run's
     /// blocks OWNED by the client when it has read it, and the client writes its next batch
     /// there once every request in it is answered (a `Pipeline`'s runs, so a steady stream
     /// of batches claims and frees no blocks: no CAS per block, and the block table's lines
     /// stay put). The server reads the run only before it sends the last of its replies.
-    pub const KEEP_BLOCKS: u32 = 8;
+    pub(crate) const KEEP_BLOCKS: u32 = 8;
 }
 
 /// The header of each request after the first in a compact batch
@@ -284,33 +55,33 @@ pub mod wire_flags {
 /// 256 bytes or more) take a batch's first place, with a full header.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CompactHeader {
+pub(crate) struct CompactHeader {
     /// Chosen by the client; the response echoes it (as a `u64`, these bits zero-extended).
-    pub call_id: u32,
+    pub(crate) call_id: u32,
     /// Length of the whole body.
-    pub body_len: u16,
+    pub(crate) body_len: u16,
     /// Length of the method name at the start of the body.
-    pub method_len: u8,
+    pub(crate) method_len: u8,
     /// [`compact_flags`].
-    pub flags: u8,
+    pub(crate) flags: u8,
 }
 /// Size of [`CompactHeader`].
-pub const COMPACT_HEADER_LEN: usize = 8;
+pub(crate) const COMPACT_HEADER_LEN: usize = 8;
 const _: () = assert!(std::mem::size_of::<CompactHeader>() == COMPACT_HEADER_LEN);
 
 /// Bits of [`CompactHeader::flags`].
-pub mod compact_flags {
+pub(crate) mod compact_flags {
     /// Another compact request follows this one in the batch.
-    pub const MORE: u8 = 1;
+    pub(crate) const MORE: u8 = 1;
     /// This request calls the same method as the one before it in the batch, and its body
     /// holds no method name (`method_len` is 0): most batches repeat one method, so the name
     /// need not move again (as HTTP/2 indexes a repeated `:path`). Protocol 7 and later.
-    pub const SAME_METHOD: u8 = 2;
+    pub(crate) const SAME_METHOD: u8 = 2;
 }
 
 impl CompactHeader {
     /// The header as bytes, to copy into shared memory.
-    pub fn as_bytes(&self) -> &[u8; COMPACT_HEADER_LEN] {
+    pub(crate) fn as_bytes(&self) -> &[u8; COMPACT_HEADER_LEN] {
         // SAFETY: CompactHeader is repr(C), 8 bytes of plain integers with no padding
         // (checked by the const assert), so viewing it as bytes is sound.
         unsafe { &*(self as *const CompactHeader as *const [u8; COMPACT_HEADER_LEN]) }
@@ -321,7 +92,7 @@ impl CompactHeader {
     ///
     /// # Safety
     /// `src` must be valid for reads of [`COMPACT_HEADER_LEN`] bytes.
-    pub unsafe fn read_from(src: *const u8) -> CompactHeader {
+    pub(crate) unsafe fn read_from(src: *const u8) -> CompactHeader {
         // SAFETY: the caller guarantees 8 readable bytes; read_unaligned copies them without
         // assuming alignment, and every bit pattern is a valid CompactHeader.
         unsafe { std::ptr::read_unaligned(src as *const CompactHeader) }
@@ -332,7 +103,11 @@ impl CompactHeader {
     /// of the header `expand` makes (whole, no metadata), in the same order and words,
     /// without making it.
     #[inline]
-    pub fn validate_shape(&self, max_message: usize, room: usize) -> Result<(), &'static str> {
+    pub(crate) fn validate_shape(
+        &self,
+        max_message: usize,
+        room: usize,
+    ) -> Result<(), &'static str> {
         let body = usize::from(self.body_len);
         if body > max_message {
             return Err("body longer than the maximum message size");
@@ -349,7 +124,7 @@ impl CompactHeader {
     /// The full header this compact one stands for, in the batch that `first` opens: the
     /// connection's fields from `first`, the call's from here; no metadata, no deadline,
     /// no flags, one whole fragment. Its shape still needs `validate_shape`.
-    pub fn expand(&self, first: &WireHeader) -> WireHeader {
+    pub(crate) fn expand(&self, first: &WireHeader) -> WireHeader {
         WireHeader {
             token: first.token,
             call_id: u64::from(self.call_id),
@@ -379,26 +154,26 @@ impl CompactHeader {
 /// server reads 64 bytes at a run's start as before and tells the forms apart by `kind`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ShortHeader {
+pub(crate) struct ShortHeader {
     /// The connection's secret token.
-    pub token: u64,
+    pub(crate) token: u64,
     /// Chosen by the client; the response echoes it.
-    pub call_id: u64,
+    pub(crate) call_id: u64,
     /// Length of the whole body (`method ++ payload`).
-    pub body_len: u32,
+    pub(crate) body_len: u32,
     /// Length of the method name at the start of the body.
-    pub method_len: u16,
+    pub(crate) method_len: u16,
     /// [`wire_flags`], as in `WireHeader::reserved[0]`.
-    pub flags: u16,
+    pub(crate) flags: u16,
     /// The connection's index in the server's table.
-    pub conn_index: u32,
+    pub(crate) conn_index: u32,
     /// [`kind::REQUEST_SHORT`].
-    pub kind: u16,
+    pub(crate) kind: u16,
     /// Number of blocks in the run holding the request.
-    pub nblocks: u16,
+    pub(crate) nblocks: u16,
 }
 /// Size of [`ShortHeader`].
-pub const SHORT_HEADER_LEN: usize = 32;
+pub(crate) const SHORT_HEADER_LEN: usize = 32;
 const _: () = assert!(std::mem::size_of::<ShortHeader>() == SHORT_HEADER_LEN);
 const _: () = {
     use std::mem::offset_of;
@@ -410,7 +185,7 @@ const _: () = {
 
 impl ShortHeader {
     /// The short form of request header `h`, if it has one (see the type's docs).
-    pub fn of(h: &WireHeader) -> Option<ShortHeader> {
+    pub(crate) fn of(h: &WireHeader) -> Option<ShortHeader> {
         let plain = h.kind == kind::REQUEST
             && h.deadline_ns == 0
             && h.status == 0
@@ -434,7 +209,7 @@ impl ShortHeader {
     }
 
     /// The header as bytes, to copy into shared memory.
-    pub fn as_bytes(&self) -> &[u8; SHORT_HEADER_LEN] {
+    pub(crate) fn as_bytes(&self) -> &[u8; SHORT_HEADER_LEN] {
         // SAFETY: ShortHeader is repr(C), 32 bytes of plain integers with no padding (checked
         // by the const assert), so viewing it as bytes is sound.
         unsafe { &*(self as *const ShortHeader as *const [u8; SHORT_HEADER_LEN]) }
@@ -446,7 +221,7 @@ impl ShortHeader {
     /// # Safety
     /// `src` must be valid for reads of [`SHORT_HEADER_LEN`] bytes.
     #[inline(always)]
-    pub unsafe fn read_from(src: *const u8) -> ShortHeader {
+    pub(crate) unsafe fn read_from(src: *const u8) -> ShortHeader {
         // read_unaligned copies the bytes without assuming alignment, and every bit pattern is
         // a valid ShortHeader.
         // SAFETY: the caller guarantees 32 readable bytes, as just said.
@@ -455,7 +230,7 @@ impl ShortHeader {
 
     /// The full header this short one stands for: a whole request, no metadata, no deadline,
     /// no stamp. Its shape still needs `validate_shape`.
-    pub fn expand(&self) -> WireHeader {
+    pub(crate) fn expand(&self) -> WireHeader {
         WireHeader {
             token: self.token,
             call_id: self.call_id,
@@ -474,24 +249,6 @@ impl ShortHeader {
     }
 }
 
-/// Reads the request header at the start of a block run, in either form, as a `WireHeader`,
-/// with the length of the form found (where the body starts). One copy of the bytes, then
-/// only the copy is used; validation is the caller's.
-///
-/// # Safety
-/// `src` must be valid for reads of [`HEADER_LEN`] bytes.
-pub unsafe fn read_request_header(src: *const u8) -> (WireHeader, usize) {
-    // SAFETY: the caller guarantees HEADER_LEN readable bytes.
-    let h = unsafe { WireHeader::read_from(src) };
-    if h.kind != kind::REQUEST_SHORT {
-        return (h, HEADER_LEN);
-    }
-    // SAFETY: the first SHORT_HEADER_LEN of those bytes, already copied in `h`, viewed as the
-    // short form: both are plain integers, and any bit pattern is a valid ShortHeader.
-    let short: ShortHeader = unsafe { std::ptr::read_unaligned((&h as *const WireHeader).cast()) };
-    (short.expand(), SHORT_HEADER_LEN)
-}
-
 /// The 64-byte header in front of every message.
 ///
 /// A message body is `method bytes ++ metadata encoding ++ payload`, `body_len` bytes in all.
@@ -500,44 +257,44 @@ pub unsafe fn read_request_header(src: *const u8) -> (WireHeader, usize) {
 /// response the payload is the UTF-8 status message.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WireHeader {
+pub(crate) struct WireHeader {
     /// Request: the connection's secret token. Response: zero.
-    pub token: u64,
+    pub(crate) token: u64,
     /// Chosen by the client; the response echoes it.
-    pub call_id: u64,
+    pub(crate) call_id: u64,
     /// CLOCK_MONOTONIC nanoseconds after which the client no longer waits; 0 for none.
-    pub deadline_ns: u64,
+    pub(crate) deadline_ns: u64,
     /// Request: the connection's index in the server's table.
-    pub conn_index: u32,
+    pub(crate) conn_index: u32,
     /// One of [`kind`].
-    pub kind: u16,
+    pub(crate) kind: u16,
     /// Response: the gRPC status code.
-    pub status: u16,
+    pub(crate) status: u16,
     /// Length of the whole body.
-    pub body_len: u32,
+    pub(crate) body_len: u32,
     /// Where this fragment's bytes start in the body.
-    pub frag_offset: u32,
+    pub(crate) frag_offset: u32,
     /// Bytes of body in this fragment (they follow the header).
-    pub frag_len: u32,
+    pub(crate) frag_len: u32,
     /// Length of the method name at the start of the body.
-    pub method_len: u32,
+    pub(crate) method_len: u32,
     /// Length of the metadata encoding after the method.
-    pub metadata_len: u32,
+    pub(crate) metadata_len: u32,
     /// Request: number of blocks in the run holding this message.
-    pub nblocks: u32,
+    pub(crate) nblocks: u32,
     /// `[flags (wire_flags), enqueue stamp]`. The stamp, under an SLO only: the low 32 bits
     /// of CLOCK_MONOTONIC in µs when the client enqueued the request (0: none), from which
     /// workers tell a request that waited too long to finish within the SLO
     /// (`crate::admission`).
-    pub reserved: [u32; 2],
+    pub(crate) reserved: [u32; 2],
 }
 /// Size of [`WireHeader`].
-pub const HEADER_LEN: usize = 64;
+pub(crate) const HEADER_LEN: usize = 64;
 const _: () = assert!(std::mem::size_of::<WireHeader>() == HEADER_LEN);
 
 impl WireHeader {
     /// The header as bytes, to copy into shared memory.
-    pub fn as_bytes(&self) -> &[u8; HEADER_LEN] {
+    pub(crate) fn as_bytes(&self) -> &[u8; HEADER_LEN] {
         // SAFETY: WireHeader is repr(C), 64 bytes of plain integers with no padding (checked by
         // the const assert), so viewing it as bytes is sound.
         unsafe { &*(self as *const WireHeader as *const [u8; HEADER_LEN]) }
@@ -548,7 +305,7 @@ impl WireHeader {
     ///
     /// # Safety
     /// `src` must be valid for reads of [`HEADER_LEN`] bytes.
-    pub unsafe fn read_from(src: *const u8) -> WireHeader {
+    pub(crate) unsafe fn read_from(src: *const u8) -> WireHeader {
         // SAFETY: the caller guarantees 64 readable bytes; read_unaligned copies them without
         // assuming alignment, and every bit pattern is a valid WireHeader.
         unsafe { std::ptr::read_unaligned(src as *const WireHeader) }
@@ -556,7 +313,7 @@ impl WireHeader {
 
     /// Checks the body-shape fields against `max_message` and `frag_capacity` (bytes of body
     /// that fit in the container this fragment came in).
-    pub fn validate_shape(
+    pub(crate) fn validate_shape(
         &self,
         max_message: usize,
         frag_capacity: usize,
@@ -580,31 +337,31 @@ impl WireHeader {
 /// not OK), `body_len` bytes in all, sent in fragments as [`WireHeader`] describes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ResponseHeader {
+pub(crate) struct ResponseHeader {
     /// The call this answers (0 in a [`kind::RESPONSE_BATCH`] record).
-    pub call_id: u64,
+    pub(crate) call_id: u64,
     /// [`kind::RESPONSE`], or [`kind::RESPONSE_BATCH`] for a record of compact replies.
-    pub kind: u16,
+    pub(crate) kind: u16,
     /// The gRPC status code.
-    pub status: u16,
+    pub(crate) status: u16,
     /// Length of the whole body.
-    pub body_len: u32,
+    pub(crate) body_len: u32,
     /// Where this fragment's bytes start in the body.
-    pub frag_offset: u32,
+    pub(crate) frag_offset: u32,
     /// Bytes of body in this fragment.
-    pub frag_len: u32,
+    pub(crate) frag_len: u32,
     /// Length of the metadata encoding at the start of the body.
-    pub metadata_len: u32,
+    pub(crate) metadata_len: u32,
     /// In a [`kind::RESPONSE_BATCH`] record: the number of replies it holds.
-    pub reserved: u32,
+    pub(crate) reserved: u32,
 }
 /// Size of [`ResponseHeader`].
-pub const RESPONSE_HEADER_LEN: usize = 32;
+pub(crate) const RESPONSE_HEADER_LEN: usize = 32;
 const _: () = assert!(std::mem::size_of::<ResponseHeader>() == RESPONSE_HEADER_LEN);
 
 impl ResponseHeader {
     /// The header as bytes, to copy into shared memory.
-    pub fn as_bytes(&self) -> &[u8; RESPONSE_HEADER_LEN] {
+    pub(crate) fn as_bytes(&self) -> &[u8; RESPONSE_HEADER_LEN] {
         // SAFETY: repr(C), 32 bytes of plain integers without padding (const-asserted).
         unsafe { &*(self as *const ResponseHeader as *const [u8; RESPONSE_HEADER_LEN]) }
     }
@@ -613,13 +370,13 @@ impl ResponseHeader {
     ///
     /// # Safety
     /// `src` must be valid for reads of [`RESPONSE_HEADER_LEN`] bytes.
-    pub unsafe fn read_from(src: *const u8) -> ResponseHeader {
+    pub(crate) unsafe fn read_from(src: *const u8) -> ResponseHeader {
         // SAFETY: the caller guarantees the bytes; any bit pattern is a valid value.
         unsafe { std::ptr::read_unaligned(src as *const ResponseHeader) }
     }
 
     /// Checks the lengths against `max_message` and the fragment's container.
-    pub fn validate_shape(
+    pub(crate) fn validate_shape(
         &self,
         max_message: usize,
         frag_capacity: usize,
@@ -644,24 +401,24 @@ impl ResponseHeader {
 /// under 2^32, body under 64 KiB, metadata under 256 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CompactReply {
+pub(crate) struct CompactReply {
     /// The call this answers (as a `u64`, these bits zero-extended).
-    pub call_id: u32,
+    pub(crate) call_id: u32,
     /// Length of the reply's body.
-    pub body_len: u16,
+    pub(crate) body_len: u16,
     /// Length of the metadata encoding at the start of the body.
-    pub metadata_len: u8,
+    pub(crate) metadata_len: u8,
     /// The gRPC status code, and in bit 7 whether the call was refused without running
     /// (the [`ResponseHeader::status`] encoding in one byte).
-    pub status: u8,
+    pub(crate) status: u8,
 }
 /// Size of [`CompactReply`].
-pub const COMPACT_REPLY_LEN: usize = 8;
+pub(crate) const COMPACT_REPLY_LEN: usize = 8;
 const _: () = assert!(std::mem::size_of::<CompactReply>() == COMPACT_REPLY_LEN);
 
 impl CompactReply {
     /// The header as bytes, to copy into shared memory.
-    pub fn as_bytes(&self) -> &[u8; COMPACT_REPLY_LEN] {
+    pub(crate) fn as_bytes(&self) -> &[u8; COMPACT_REPLY_LEN] {
         // SAFETY: repr(C), 8 bytes of plain integers without padding (const-asserted).
         unsafe { &*(self as *const CompactReply as *const [u8; COMPACT_REPLY_LEN]) }
     }
@@ -670,7 +427,7 @@ impl CompactReply {
     ///
     /// # Safety
     /// `src` must be valid for reads of [`COMPACT_REPLY_LEN`] bytes.
-    pub unsafe fn read_from(src: *const u8) -> CompactReply {
+    pub(crate) unsafe fn read_from(src: *const u8) -> CompactReply {
         // SAFETY: the caller guarantees the bytes; any bit pattern is a valid value.
         unsafe { std::ptr::read_unaligned(src as *const CompactReply) }
     }
@@ -709,42 +466,14 @@ fn check_body_shape(
     Ok(())
 }
 
-/// Block-table word encoding: `0` is FREE; otherwise the owning connection's tag (OWNED: the
-/// block holds a message being sent or served).
-pub mod block_state {
-    /// A free block.
-    pub const FREE: u32 = 0;
-
-    /// OWNED by `tag`.
-    pub const fn owned(tag: u32) -> u32 {
-        tag
-    }
-}
-
-/// A connection's tag: its table index plus one, and a generation so a reused index gets a new
-/// tag. Never zero.
-pub fn conn_tag(index: u32, generation: u32) -> u32 {
-    ((generation & 0x7fff) << 16) | ((index & 0xffff) + 1)
-}
-
 /// Rounds `n` up to a multiple of 64.
-pub const fn align64(n: usize) -> usize {
+pub(crate) const fn align64(n: usize) -> usize {
     (n + 63) & !63
 }
 
 /// `n` rounded up to a multiple of 8 (where a compact batch's next header starts).
-pub const fn align8(n: usize) -> usize {
+pub(crate) const fn align8(n: usize) -> usize {
     (n + 7) & !7
-}
-
-/// Views `count` atomics at `ptr`.
-///
-/// # Safety
-/// `ptr` must be 4-byte aligned and valid for `count` u32s for `'a`, and that memory must only
-/// ever be accessed atomically (it is shared with other processes).
-pub unsafe fn atomic_u32_slice<'a>(ptr: *mut u8, count: usize) -> &'a [AtomicU32] {
-    // SAFETY: guaranteed by the caller; AtomicU32 has the same layout as u32.
-    unsafe { std::slice::from_raw_parts(ptr as *const AtomicU32, count) }
 }
 
 #[cfg(test)]
@@ -836,15 +565,9 @@ mod tests {
             ..Default::default()
         };
         let short = ShortHeader::of(&h).expect("fits the short form");
-        // The body follows the short header: the server reads 64 bytes and keeps 32.
-        let mut bytes = [0xa5u8; HEADER_LEN];
-        bytes[..SHORT_HEADER_LEN].copy_from_slice(short.as_bytes());
-        // SAFETY: `bytes` holds HEADER_LEN bytes.
-        let (back, len) = unsafe { read_request_header(bytes.as_ptr()) };
-        assert_eq!((back, len), (h, SHORT_HEADER_LEN));
-        // SAFETY: a WireHeader's bytes are HEADER_LEN long.
-        let (back, len) = unsafe { read_request_header(h.as_bytes().as_ptr()) };
-        assert_eq!((back, len), (h, HEADER_LEN));
+        // SAFETY: a ShortHeader's bytes are SHORT_HEADER_LEN long.
+        let back = unsafe { ShortHeader::read_from(short.as_bytes().as_ptr()) };
+        assert_eq!(back.expand(), h);
         // Whatever the short form cannot say, it refuses.
         let lacking: [fn(&mut WireHeader); 10] = [
             |h| h.deadline_ns = 1,
@@ -882,29 +605,5 @@ mod tests {
             ..Default::default()
         };
         assert!(h.validate_shape(100, 100).is_err());
-    }
-
-    #[test]
-    fn histogram_buckets() {
-        for ns in [0u64, 1, 3, 4, 5, 7, 8, 100, 1000, 12345, 1 << 30] {
-            let b = latency_bucket(ns);
-            assert!(latency_bucket_floor(b) <= ns, "{ns} -> {b}");
-            assert!(
-                b + 1 == LATENCY_BUCKETS || latency_bucket_floor(b + 1) > ns,
-                "{ns}"
-            );
-        }
-        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
-        assert_eq!(
-            [1, 2, 3, 4, 5, 8, 9, 16, 17, 1000].map(batch_bucket),
-            [0, 1, 2, 2, 3, 3, 4, 4, 5, 8]
-        );
-    }
-
-    #[test]
-    fn tags() {
-        let t = conn_tag(0, 0);
-        assert_ne!(t, 0);
-        assert_ne!(conn_tag(5, 1), conn_tag(5, 2));
     }
 }

@@ -1,32 +1,30 @@
-//! The two shared segments of a connection, mapped and validated: the server's replica segment
-//! (receive queue, block table, request blocks) and the client's connection segment (response
-//! ring).
+//! A replica segment, mapped and validated: the server's receive queues, control lines,
+//! worker stats, block table and blocks.
 //!
 //! Creating writes the geometry; attaching reads it once from the peer's memory, validates
 //! every offset and size against the segment's real length, and from then on only the
 //! validated private copy is used. Nothing outside this module computes a pointer into a
-//! segment from a value stored in it.
+//! replica segment from a value stored in it; a run of blocks is handed out as a bounds-checked
+//! [`BlockRun`].
 
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 
-use netless_ring::{Consumer, DoorbellWords, Producer, ReceiveQueue, ResponseRing};
+use netless_ring::{DoorbellWords, ReceiveQueue};
 use netless_shm::Segment;
 
-use crate::layout::{
-    align64, atomic_u32_slice, provisioning, ClientControl, ConnHeader, QueueHead, ReplicaHeader,
-    ServerControl, WorkerStats, CLIENT_CONTROL_OFFSET, CONN_MAGIC, DOORBELL_OFFSET, FIXED_END,
-    LAYOUT_VERSION, QUEUE_LINES, REPLICA_MAGIC, SERVER_CONTROL_OFFSET,
+use super::layout::{
+    atomic_u32_slice, provisioning, ClientControl, QueueHead, ReplicaHeader, ServerControl,
+    WorkerStats, CLIENT_CONTROL_OFFSET, FIXED_END, LAYOUT_VERSION, QUEUE_LINES, REPLICA_MAGIC,
+    SERVER_CONTROL_OFFSET,
 };
+use super::run::BlockRun;
 use crate::status::Status;
 use crate::sync::{AtomicU32, Ordering};
+use crate::wire::header::align64;
 
 /// Largest replica segment a client agrees to map.
 const MAX_REPLICA_LEN: usize = 1 << 30;
-/// Largest connection segment a server agrees to map.
-const MAX_CONN_LEN: usize = (1 << 30) + 4096;
-/// Where a connection segment's response ring starts.
-const RING_OFFSET: usize = 256;
 /// Most blocks (table words) in a replica segment.
 pub(crate) const MAX_BLOCKS: u32 = 1 << 24;
 /// Most receive queues in a replica segment.
@@ -35,23 +33,23 @@ pub(crate) const MAX_QUEUES: u32 = 1024;
 /// The shape of a replica segment to create (server side).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ReplicaSpec {
-    pub block_size: u32,
+    pub(crate) block_size: u32,
     /// One of `layout::provisioning`.
-    pub provisioning: u32,
-    pub nparts: u32,
-    pub part_blocks: u32,
-    pub nqueues: u32,
+    pub(crate) provisioning: u32,
+    pub(crate) nparts: u32,
+    pub(crate) part_blocks: u32,
+    pub(crate) nqueues: u32,
     /// Workers: one [`WorkerStats`] each.
-    pub workers: u32,
-    pub max_message: u32,
-    pub max_connections: u32,
+    pub(crate) workers: u32,
+    pub(crate) max_message: u32,
+    pub(crate) max_connections: u32,
 }
 
 /// One receive queue of a replica and its two lines.
 pub(crate) struct QueueView {
-    pub queue: ReceiveQueue<'static>,
-    pub doorbell: &'static DoorbellWords,
-    pub head: &'static QueueHead,
+    pub(crate) queue: ReceiveQueue<'static>,
+    pub(crate) doorbell: &'static DoorbellWords,
+    pub(crate) head: &'static QueueHead,
 }
 
 impl QueueView {
@@ -92,6 +90,12 @@ unsafe impl Sync for ReplicaSegment {}
 impl ReplicaSegment {
     /// Creates and lays out a replica segment (server side).
     pub(crate) fn create(service: &str, spec: ReplicaSpec) -> Result<ReplicaSegment, Status> {
+        // `run` relies on blocks of at least a full header.
+        if !spec.block_size.is_power_of_two() || !(64..=65536).contains(&spec.block_size) {
+            return Err(Status::invalid_argument(
+                "block_size must be a power of two in 64..=65536",
+            ));
+        }
         let nblocks = spec
             .nparts
             .checked_mul(spec.part_blocks)
@@ -364,93 +368,23 @@ impl ReplicaSegment {
     pub(crate) fn block_size(&self) -> usize {
         self.geometry.block_size as usize
     }
-    /// Pointer to the first byte of block `index`, or `None` if the run `index..index+count`
-    /// does not lie inside the buffer.
-    pub(crate) fn block_run(&self, index: u32, count: u32) -> Option<*mut u8> {
+    /// The run of `count` blocks from block `index`, or `None` if it does not lie inside the
+    /// buffer (or is empty).
+    #[inline(always)]
+    pub(crate) fn run(&self, index: u32, count: u32) -> Option<BlockRun<'_>> {
         let end = u64::from(index) + u64::from(count);
         if count == 0 || end > u64::from(self.geometry.nblocks) {
             return None;
         }
-        // SAFETY: index < nblocks, so the offset lies inside the blocks region of the mapping.
-        Some(unsafe { self.blocks.as_ptr().add(index as usize * self.block_size()) })
-    }
-}
-
-/// A mapped connection segment.
-pub(crate) struct ConnSegment {
-    doorbell: &'static DoorbellWords,
-    // Declared last: the views above borrow its mapping, which must outlive them.
-    segment: Segment,
-}
-
-impl ConnSegment {
-    /// Creates a connection segment whose ring holds about `ring_bytes` (client side), and
-    /// the consumer end of its ring.
-    pub(crate) fn create(ring_bytes: usize) -> Result<(ConnSegment, Consumer<'static>), Status> {
-        let ring_slots = (ring_bytes / 64).next_power_of_two().max(64) as u32;
-        // 256: the ring's slots then start 128-byte aligned, so a record's first two lines are an
-        // aligned pair the adjacent-line prefetcher fetches together.
-        let ring_offset = RING_OFFSET;
-        let total_len = ring_offset + ResponseRing::bytes_needed(ring_slots);
-        let segment = Segment::create("netless-conn", total_len).map_err(|e| {
-            Status::resource_exhausted(format!("cannot create connection segment: {e}"))
-        })?;
-        let header = ConnHeader {
-            magic: CONN_MAGIC,
-            version: LAYOUT_VERSION,
-            ring_slots,
-            ring_offset: ring_offset as u64,
-            total_len: total_len as u64,
-        };
-        // SAFETY: the segment is page aligned and longer than RING_OFFSET bytes.
-        unsafe { std::ptr::write(segment.as_ptr() as *mut ConnHeader, header) };
-        // SAFETY: the ring region lies inside the segment and is 64-byte aligned.
-        let consumer = unsafe {
-            ResponseRing::init(
-                NonNull::new_unchecked(segment.as_ptr().add(ring_offset)),
-                total_len - ring_offset,
-                ring_slots,
+        let block = self.block_size();
+        // SAFETY: index + count <= nblocks, so the run [index·block, (index + count)·block)
+        // lies inside the blocks region of the mapping, which lives as long as `self`; the
+        // block size is at least 64 (checked at create and attach).
+        Some(unsafe {
+            BlockRun::new(
+                self.blocks.as_ptr().add(index as usize * block),
+                count as usize * block,
             )
-        }
-        .map_err(|e| Status::internal(format!("response ring layout: {e}")))?;
-        // SAFETY: the doorbell line lies inside the segment.
-        let doorbell = unsafe { &*(segment.as_ptr().add(DOORBELL_OFFSET) as *const DoorbellWords) };
-        Ok((ConnSegment { doorbell, segment }, consumer))
-    }
-
-    /// Maps a connection segment received from a client and validates it (server side).
-    pub(crate) fn attach(fd: OwnedFd) -> Result<(ConnSegment, Producer<'static>), String> {
-        let segment = Segment::attach(fd, MAX_CONN_LEN)
-            .map_err(|e| format!("cannot map connection segment: {e}"))?;
-        if segment.len() < RING_OFFSET {
-            return Err("connection segment too short".into());
-        }
-        // SAFETY: at least 32 readable bytes at a page-aligned address; plain integers.
-        let h: ConnHeader =
-            unsafe { std::ptr::read_volatile(segment.as_ptr() as *const ConnHeader) };
-        if h.magic != CONN_MAGIC || h.version != LAYOUT_VERSION {
-            return Err("connection segment has a bad magic or version".into());
-        }
-        if h.total_len != segment.len() as u64 || h.ring_offset != RING_OFFSET as u64 {
-            return Err("connection segment geometry does not match its length".into());
-        }
-        // SAFETY: the ring region [RING_OFFSET, len) lies inside the mapping, 64-aligned;
-        // attach validates the slot count against the region length.
-        let producer = unsafe {
-            ResponseRing::attach(
-                NonNull::new_unchecked(segment.as_ptr().add(RING_OFFSET)),
-                segment.len() - RING_OFFSET,
-            )
-        }
-        .map_err(|e| format!("connection segment's ring is malformed: {e}"))?;
-        // SAFETY: the doorbell line lies inside the mapping (len >= RING_OFFSET).
-        let doorbell = unsafe { &*(segment.as_ptr().add(DOORBELL_OFFSET) as *const DoorbellWords) };
-        Ok((ConnSegment { doorbell, segment }, producer))
-    }
-    pub(crate) fn doorbell(&self) -> &'static DoorbellWords {
-        self.doorbell
-    }
-    pub(crate) fn segment(&self) -> &Segment {
-        &self.segment
+        })
     }
 }

@@ -16,10 +16,9 @@
 //! retry it anywhere). A refused request fails as soon as a worker reaches it, without
 //! running; how long that takes is how long the stall lasted (never queued without bound).
 //!
-//! Stop 13 built a controller instead that lowered the admitted depth while served requests
-//! finished late; measured with `bench kvs` it refused calls at moderate load after single
-//! stalls, fitted per-worker queues badly, and still let stalls through. Refusing the very
-//! requests a stall made late does neither.
+//! A controller that lowers the admitted depth while served requests finish late refuses
+//! calls at moderate load after single stalls, fits per-worker queues badly and still lets
+//! stalls through; refusing the very requests a stall made late does none of that.
 //!
 //! Stamps come from clients, so they are untrusted: a garbage stamp can only get that
 //! client's own request refused or served.
@@ -27,7 +26,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::layout::ServerControl;
+use crate::segment::layout::ServerControl;
 
 /// The stamps' clock: the low 32 bits of CLOCK_MONOTONIC in microseconds, never 0 (0 means
 /// "no stamp"). Clients stamp entries with it; workers read it when they start an entry.
@@ -68,6 +67,48 @@ pub(crate) fn waited_too_long(stamp_us: u32, now_us: u32, shed_after_us: u32) ->
     // future" (a garbage one) comes out huge: that request is refused.
     let waited = now_us.wrapping_sub(stamp_us);
     (stamp_us != 0 && shed_after_us != 0 && waited > shed_after_us).then_some(waited)
+}
+
+/// A worker's bound on how long an entry may have waited ([`shed_after_us`]), kept for the
+/// SLO it was computed for and computed again when the SLO changes or [`ShedGate::renew`]
+/// says the measured service time moved.
+#[derive(Default)]
+pub(crate) struct ShedGate {
+    /// The SLO (µs) `after_us` was computed for (`None`: compute it again).
+    slo_us: Option<u32>,
+    /// [`shed_after_us`] for that SLO and the mean service time then.
+    after_us: u32,
+}
+
+impl ShedGate {
+    /// How long an entry stamped `stamp` waited, if too long to finish within the SLO in
+    /// `ctrl` (the SLO less twice the mean service time, which `service` gives when the
+    /// bound is computed again).
+    pub(crate) fn waited_too_long(
+        &mut self,
+        ctrl: &ServerControl,
+        stamp: u32,
+        service: impl FnOnce() -> Option<Duration>,
+    ) -> Option<u32> {
+        let slo_us = (ctrl.slo_ns.load(Ordering::Relaxed) / 1000) as u32;
+        if self.slo_us != Some(slo_us) {
+            // Declared, measured, or (an SLO set with `netless ctl`) estimated from the stats.
+            let service = if slo_us == 0 { None } else { service() };
+            self.slo_us = Some(slo_us);
+            self.after_us = shed_after_us(slo_us, service);
+        }
+        waited_too_long(stamp, now_us(), self.after_us)
+    }
+
+    /// The measured service time moved: compute the bound again at the next entry.
+    pub(crate) fn renew(&mut self) {
+        self.slo_us = None;
+    }
+
+    /// The SLO the bound was last computed for, µs (0: none).
+    pub(crate) fn slo_us(&self) -> u32 {
+        self.slo_us.unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //! once. The head lives in shared memory and any client writes it, so it is only a hint,
 //! clamped into this connection's partition before use. Nothing here reads message contents.
 
-use crate::layout::block_state::{owned, FREE};
+use super::layout::block_state::{owned, FREE};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Largest run, in bytes, claimed ahead of need.

@@ -1,75 +1,88 @@
-//! What a caller passes with a call and gets back: options, the reply, and the server-side
-//! view of a request with the builder for its response.
+//! What a service implements, and what it sees of a call: the [`Handler`] trait, the
+//! [`Request`] it is given and the [`ResponseBuilder`] it answers into.
 //!
-//! Plain data; no shared memory, no I/O (a deferred reply's handle lives in the server).
+//! Plain data and one trait: no shared memory, no I/O (a deferred reply's handle,
+//! [`DeferredReply`], sends through the server).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::metadata::Metadata;
-use crate::server::DeferredReply;
+use super::deferred::DeferredReply;
+use crate::segment::WakeSource;
 use crate::status::Status;
+use crate::wire::metadata::Metadata;
 
-/// Per-call options: deadline and request metadata.
+/// Serves one method table. Implemented for closures.
 ///
 /// ```
-/// use std::time::Duration;
-/// let opts = netless::CallOptions::new().timeout(Duration::from_millis(50)).metadata("x-id", "1");
-/// assert!(opts.deadline().is_some());
+/// use netless::{Handler, Request, ResponseBuilder, Status};
+/// let echo = |req: &Request<'_>, resp: &mut ResponseBuilder| -> Result<(), Status> {
+///     resp.payload.extend_from_slice(req.payload);
+///     Ok(())
+/// };
+/// fn is_handler(_: &impl Handler) {}
+/// is_handler(&echo);
 /// ```
-#[derive(Clone, Debug, Default)]
-pub struct CallOptions {
-    deadline: Option<Instant>,
-    metadata: Metadata,
-}
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one request, writing the response into `response`; an `Err` becomes the call's
+    /// status.
+    fn call<'a>(
+        &self,
+        request: &Request<'a>,
+        response: &mut ResponseBuilder<'a>,
+    ) -> Result<(), Status>;
 
-impl CallOptions {
-    /// No deadline (the client's default timeout applies), no metadata.
-    pub fn new() -> CallOptions {
-        CallOptions::default()
+    /// Runs work of the handler's own on worker `worker`'s thread, such as collecting the
+    /// replies of calls it made on a [`Pipeline`](crate::Pipeline) and sending the
+    /// [`DeferredReply`]s waiting for them. Returns whether it did anything.
+    ///
+    /// A worker calls it after every queue entry it serves and whenever its queue is empty
+    /// (while it spins, and before it sleeps: a `true` keeps it awake). Replies sent from
+    /// here ring each client's doorbell once, when `poll` returns. The default does nothing.
+    fn poll(&self, worker: usize) -> bool {
+        let _ = worker;
+        false
     }
 
-    /// Fail with `DEADLINE_EXCEEDED` if no reply arrived within `timeout` from now.
-    pub fn timeout(mut self, timeout: Duration) -> CallOptions {
-        self.deadline = Instant::now().checked_add(timeout);
-        self
+    /// What else should wake worker `worker` when it sleeps: the doorbells of the
+    /// connections whose replies [`Handler::poll`] collects ([`Pipeline::wake_source`],
+    /// [`Client::wake_source`]). Asked once, when the worker starts; at most
+    /// [`WAIT_ANY_MAX`](netless_ring::WAIT_ANY_MAX) − 1 are slept on, and a worker polls
+    /// at least every 100 ms anyway. The default is none.
+    ///
+    /// [`Pipeline::wake_source`]: crate::Pipeline::wake_source
+    /// [`Client::wake_source`]: crate::Client::wake_source
+    fn wake_sources(&self, worker: usize) -> Vec<WakeSource> {
+        let _ = worker;
+        Vec::new()
     }
 
-    /// Fail with `DEADLINE_EXCEEDED` if no reply arrived by `deadline`.
-    pub fn deadline_at(mut self, deadline: Instant) -> CallOptions {
-        self.deadline = Some(deadline);
-        self
-    }
-
-    /// Adds a request metadata pair.
-    pub fn metadata(mut self, key: &str, value: impl AsRef<[u8]>) -> CallOptions {
-        self.metadata.insert(key, value);
-        self
-    }
-
-    /// Replaces the request metadata.
-    pub fn with_metadata(mut self, metadata: Metadata) -> CallOptions {
-        self.metadata = metadata;
-        self
-    }
-
-    /// The deadline, if any.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
-
-    /// The request metadata.
-    pub fn request_metadata(&self) -> &Metadata {
-        &self.metadata
+    /// Whether [`Handler::poll`] may do anything: `false` for a closure, which cannot have
+    /// a `poll` of its own, so its workers skip the call (and the ring section around it)
+    /// after every entry.
+    #[doc(hidden)]
+    fn polls(&self) -> bool {
+        true
     }
 }
 
-/// A successful reply: response metadata and payload.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Reply {
-    /// Metadata the server attached.
-    pub metadata: Metadata,
-    /// The response bytes.
-    pub payload: Vec<u8>,
+impl<F> Handler for F
+where
+    F: for<'a> Fn(&Request<'a>, &mut ResponseBuilder<'a>) -> Result<(), Status>
+        + Send
+        + Sync
+        + 'static,
+{
+    fn call<'a>(
+        &self,
+        request: &Request<'a>,
+        response: &mut ResponseBuilder<'a>,
+    ) -> Result<(), Status> {
+        self(request, response)
+    }
+
+    fn polls(&self) -> bool {
+        false
+    }
 }
 
 /// A request as a handler sees it. The payload borrows the shared receive buffer (no copy)
@@ -193,5 +206,29 @@ impl<'a> ResponseBuilder<'a> {
     /// The response bytes to send.
     pub(crate) fn body(&self) -> &[u8] {
         self.borrowed.unwrap_or(&self.payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_handlers_with_a_poll_of_their_own_are_polled() {
+        fn echo<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+            resp.payload.extend_from_slice(req.payload);
+            Ok(())
+        }
+        struct Polling;
+        impl Handler for Polling {
+            fn call<'a>(&self, _: &Request<'a>, _: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+                Ok(())
+            }
+            fn poll(&self, _: usize) -> bool {
+                true
+            }
+        }
+        assert!(!echo.polls());
+        assert!(Polling.polls());
     }
 }

@@ -1,0 +1,135 @@
+//! Connecting: the client's half of the handshake over the service's Unix socket (our
+//! connection segment out, the server's replica segment in), and the checks of what the
+//! server sent before anything of it is used.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use netless_shm::{recv_frame, send_frame};
+
+use super::connection::Handshaken;
+use crate::config::ClientConfig;
+use crate::segment::{ConnSegment, ReplicaSegment};
+use crate::status::Status;
+use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
+use crate::wire::header::HEADER_LEN;
+
+/// Connects to the server listening at `path` (a replica's socket in `dir`) as `service`.
+pub(super) fn handshake(
+    service: &str,
+    dir: PathBuf,
+    path: &Path,
+    config: ClientConfig,
+) -> Result<Handshaken, Status> {
+    let not_found = || {
+        Status::unavailable(format!(
+                "service `{service}` not found in {}: is its server running? (set NETLESS_DIR if it uses another directory)",
+                dir.display()
+            ))
+    };
+    let socket = match UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) if netless_shm::nobody_listens(&e) => return Err(not_found()),
+        Err(e) => {
+            return Err(Status::unavailable(format!(
+                "cannot connect to service `{service}` at {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    let timeout = Some(config.connect_timeout);
+    let io = |e: std::io::Error| Status::unavailable(format!("connecting to `{service}`: {e}"));
+    socket.set_read_timeout(timeout).map_err(io)?;
+    socket.set_write_timeout(timeout).map_err(io)?;
+    let (segment, consumer) = ConnSegment::create(config.ring_bytes)?;
+    let hs = |e: netless_shm::Error| {
+        Status::unavailable(format!(
+                "handshake with service `{service}` failed: {e} (refused by the server's ACL, or it is shutting down)"
+            ))
+    };
+    // The server speaks first: a greeting once our credentials passed its ACL, or the
+    // reason it refuses us. Only then does our segment's fd cross.
+    let (bytes, _) = recv_frame(&socket, 0).map_err(hs)?;
+    match Frame::decode(&bytes) {
+        Some(Frame::Greeting { .. }) => {}
+        Some(Frame::Reject(status)) => return Err(status),
+        _ => {
+            return Err(Status::unavailable(format!(
+                "service `{service}` sent a malformed greeting"
+            )))
+        }
+    }
+    send_frame(
+        &socket,
+        &Frame::Hello {
+            version: PROTOCOL_VERSION,
+            max_message: u32::try_from(config.max_message).unwrap_or(u32::MAX),
+            domain: config.domain.as_ref().map_or(0, |d| d.id()),
+        }
+        .encode(),
+        &[segment.segment().fd()],
+    )
+    .map_err(hs)?;
+    let (bytes, mut fds) = recv_frame(&socket, 1).map_err(hs)?;
+    let (conn_index, tag, token, server_domain) = match Frame::decode(&bytes) {
+        Some(Frame::Welcome {
+            version,
+            conn_index,
+            tag,
+            token,
+            domain,
+        }) if version == PROTOCOL_VERSION => (conn_index, tag, token, domain),
+        Some(Frame::Welcome { version, .. }) => {
+            return Err(Status::unavailable(format!(
+            "service `{service}` speaks netless protocol {version}, this client {PROTOCOL_VERSION}"
+        )))
+        }
+        Some(Frame::Reject(status)) => return Err(status),
+        _ => {
+            return Err(Status::unavailable(format!(
+                "service `{service}` sent a malformed handshake"
+            )))
+        }
+    };
+    let fd = fds
+        .pop()
+        .ok_or_else(|| Status::unavailable("the server sent no replica segment"))?;
+    let replica = ReplicaSegment::attach(fd)?;
+    socket.set_read_timeout(None).map_err(io)?;
+    socket.set_write_timeout(None).map_err(io)?;
+
+    let g = *replica.geometry();
+    let block = g.block_size as usize;
+    // Fragments of up to 64 KiB or 64 blocks, whichever is more (a server with large
+    // blocks takes large requests whole), and at most a quarter of the partition each.
+    // At least one byte of body per fragment, even with 64-byte blocks.
+    let min_run = (HEADER_LEN / block + 1) as u32;
+    let max_run = (g.part_blocks / 4)
+        .clamp(min_run, (65536 / g.block_size).max(64).max(min_run))
+        .min(g.part_blocks) as usize;
+    if max_run * block <= HEADER_LEN {
+        return Err(Status::unavailable(format!(
+            "service `{service}`'s receive buffer is too small to hold a request"
+        )));
+    }
+    let fragment_body = max_run * block - HEADER_LEN;
+    // Pass by reference only when both sides map the same pool.
+    let pool = config
+        .domain
+        .clone()
+        .filter(|d| server_domain != 0 && d.id() == server_domain);
+    Ok(Handshaken {
+        service: service.to_string(),
+        dir,
+        pool,
+        replica,
+        segment,
+        consumer,
+        conn_index,
+        tag,
+        token,
+        fragment_body,
+        socket,
+        config,
+    })
+}

@@ -1,0 +1,302 @@
+//! The server's side of its connections: one [`Conn`] per admitted client (its segment, its
+//! response ring's producer end, its socket and what the handshake agreed), the
+//! [`ConnTable`] workers look connections up in by the index a request names, and the
+//! reassembly of requests that arrive in fragments.
+//!
+//! The acceptor alone adds and removes connections; workers only look them up, through a
+//! per-worker [`ConnCache`] refreshed when a slot's tag changes, so the hot path takes no
+//! lock and clones no `Arc`.
+
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use netless_ring::prefetch::prefetch_write_range;
+use netless_ring::Producer;
+use netless_shm::send_frame;
+
+use crate::segment::ConnSegment;
+use crate::spin_lock::SpinLock;
+use crate::status::Status;
+use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use crate::wire::handshake::Frame;
+use crate::wire::header::{WireHeader, RESPONSE_HEADER_LEN};
+use crate::wire::reply::RecordLimits;
+
+/// How long a half-received fragmented request is kept.
+const PARTIAL_TTL: Duration = Duration::from_secs(10);
+/// Most fragmented requests one connection may have half-sent at once.
+pub(super) const MAX_PARTIALS: usize = 16;
+
+/// One admitted client.
+pub(super) struct Conn {
+    pub(super) index: u32,
+    /// Its index plus a generation (never 0): the block-table words its blocks carry.
+    pub(super) tag: u32,
+    /// The secret its requests carry, so a stray or forged entry cannot pass for it.
+    pub(super) token: u64,
+    pub(super) segment: ConnSegment,
+    pub(super) producer: SpinLock<Producer<'static>>,
+    /// Where the next response record goes (a prefetch hint, updated after each push).
+    pub(super) next_record: AtomicUsize,
+    pub(super) socket: UnixStream,
+    pub(super) dead: AtomicBool,
+    partials: Mutex<HashMap<u64, Partial>>,
+    /// What its response ring takes.
+    pub(super) limits: RecordLimits,
+    /// It sent a compact batch, so it reads `RESPONSE_BATCH` records (it is a `Pipeline`).
+    pub(super) pipelined: AtomicBool,
+    /// The client shares our page-pool domain: its payloads may arrive as Refs.
+    pub(super) by_ref: bool,
+    /// The client's pid (`SO_PEERCRED`): it may send only Refs it created.
+    pub(super) peer_pid: u32,
+}
+
+/// What the handshake settled for a new connection.
+pub(super) struct Admitted {
+    pub(super) index: u32,
+    pub(super) tag: u32,
+    pub(super) token: u64,
+    pub(super) segment: ConnSegment,
+    pub(super) producer: Producer<'static>,
+    pub(super) socket: UnixStream,
+    /// The largest response body the client accepts (from its `Hello`).
+    pub(super) client_max: usize,
+    pub(super) by_ref: bool,
+    pub(super) peer_pid: u32,
+}
+
+/// A fragmented request being reassembled.
+struct Partial {
+    body: Vec<u8>,
+    received: usize,
+    /// When the first fragment arrived: a request left half-sent (its client gave up) is
+    /// dropped after `PARTIAL_TTL`.
+    started: Instant,
+}
+
+/// What a fragment did to its request.
+pub(super) enum Reassembly {
+    /// More fragments are due.
+    Incomplete,
+    /// This one completed the request: its whole body.
+    Complete(Vec<u8>),
+    /// The connection already has [`MAX_PARTIALS`] requests half-sent: this one is refused
+    /// (a NACK for the call, not a protocol violation: an honest client with many threads
+    /// can get here).
+    TooMany,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Conn {
+    pub(super) fn new(a: Admitted) -> Conn {
+        Conn {
+            index: a.index,
+            tag: a.tag,
+            token: a.token,
+            next_record: AtomicUsize::new(a.producer.next_record_ptr() as usize),
+            limits: RecordLimits {
+                client_max: a.client_max,
+                record_limit: a.producer.max_record_len(),
+            },
+            pipelined: AtomicBool::new(false),
+            producer: SpinLock::new(a.producer),
+            segment: a.segment,
+            socket: a.socket,
+            dead: AtomicBool::new(false),
+            partials: Mutex::new(HashMap::new()),
+            by_ref: a.by_ref,
+            peer_pid: a.peer_pid,
+        }
+    }
+
+    /// Starts owning the response ring's lines a reply with a `body_len`-byte body would
+    /// take now (a guess made before the handler runs: a reply about as long as the request).
+    #[inline(always)]
+    pub(super) fn prefetch_reply(&self, body_len: usize) {
+        let next = self.next_record.load(Ordering::Relaxed) as *const u8;
+        prefetch_write_range(next, 8 + RESPONSE_HEADER_LEN + body_len, 64);
+    }
+
+    /// After a reply with a `body_len`-byte body: starts owning the lines a reply like it
+    /// will take next time, but not the first (the client polls its record word, and
+    /// stealing it would only bounce).
+    #[inline(always)]
+    pub(super) fn prefetch_next_reply(&self, body_len: usize) {
+        let next = self.next_record.load(Ordering::Relaxed) as *const u8;
+        let reply_len = 8 + RESPONSE_HEADER_LEN + body_len;
+        prefetch_write_range(next.wrapping_add(64), reply_len.saturating_sub(64), 64);
+    }
+
+    /// Whether the connection is gone (hung up, retired or closed).
+    #[inline(always)]
+    pub(super) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Closes the connection, telling the client why.
+    pub(super) fn close(&self, status: Status) {
+        if self.dead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self
+            .socket
+            .set_write_timeout(Some(Duration::from_millis(10)));
+        let _ = send_frame(&self.socket, &Frame::Goodbye(status).encode(), &[]);
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Adds `fragment`, the fragment `h` describes (validated: it lies inside the body), to
+    /// the request it belongs to.
+    pub(super) fn reassemble(
+        &self,
+        h: &WireHeader,
+        fragment: &[u8],
+    ) -> Result<Reassembly, &'static str> {
+        let mut partials = lock(&self.partials);
+        if !partials.contains_key(&h.call_id) {
+            partials.retain(|_, p| p.started.elapsed() < PARTIAL_TTL);
+            if partials.len() >= MAX_PARTIALS {
+                return Ok(Reassembly::TooMany);
+            }
+        }
+        let p = partials.entry(h.call_id).or_insert_with(|| Partial {
+            body: vec![0; h.body_len as usize],
+            received: 0,
+            started: Instant::now(),
+        });
+        if p.body.len() != h.body_len as usize {
+            return Err("fragments disagree on the body length");
+        }
+        let off = h.frag_offset as usize;
+        netless_shm::copy::copy_slice(&mut p.body[off..off + fragment.len()], fragment);
+        p.received += fragment.len();
+        if p.received < p.body.len() {
+            return Ok(Reassembly::Incomplete);
+        }
+        Ok(partials
+            .remove(&h.call_id)
+            .map_or(Reassembly::Incomplete, |p| Reassembly::Complete(p.body)))
+    }
+}
+
+/// One slot of the connection table.
+struct ConnSlot {
+    /// The live connection's tag, or 0.
+    tag: AtomicU32,
+    conn: RwLock<Option<Arc<Conn>>>,
+}
+
+/// The server's connections by index, and how many are live.
+pub(super) struct ConnTable {
+    slots: Box<[ConnSlot]>,
+    live: AtomicU32,
+}
+
+impl ConnTable {
+    pub(super) fn new(slots: u32) -> ConnTable {
+        ConnTable {
+            slots: (0..slots)
+                .map(|_| ConnSlot {
+                    tag: AtomicU32::new(0),
+                    conn: RwLock::new(None),
+                })
+                .collect(),
+            live: AtomicU32::new(0),
+        }
+    }
+
+    /// Slots in the table.
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Connections live now.
+    pub(super) fn live(&self) -> u32 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Adds `delta` to the live count; returns the new count.
+    pub(super) fn count(&self, delta: i32) -> u32 {
+        self.live
+            .fetch_add(delta as u32, Ordering::Relaxed)
+            .wrapping_add(delta as u32)
+    }
+
+    /// A slot holding no connection, live or retired.
+    pub(super) fn vacant(&self) -> Option<u32> {
+        self.slots
+            .iter()
+            .position(|s| {
+                s.tag.load(Ordering::Acquire) == 0
+                    && s.conn.read().map(|c| c.is_none()).unwrap_or(false)
+            })
+            .map(|i| i as u32)
+    }
+
+    /// Puts `conn` in its slot, live.
+    pub(super) fn install(&self, conn: &Arc<Conn>) {
+        let slot = &self.slots[conn.index as usize];
+        *slot.conn.write().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        slot.tag.store(conn.tag, Ordering::Release);
+    }
+
+    /// Marks slot `index` not live: no worker looks its connection up any more.
+    pub(super) fn retire(&self, index: u32) {
+        self.slots[index as usize].tag.store(0, Ordering::Release);
+    }
+
+    /// Empties slot `index` (after `retire`), so it can be reused.
+    pub(super) fn remove(&self, index: u32) -> Option<Arc<Conn>> {
+        let slot = &self.slots[index as usize];
+        slot.tag.store(0, Ordering::Release);
+        slot.conn.write().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The word holding slot `index`'s live tag (0: none).
+    #[inline(always)]
+    pub(super) fn tag_word(&self, index: u32) -> Option<&AtomicU32> {
+        self.slots.get(index as usize).map(|s| &s.tag)
+    }
+
+    /// Empties every slot, for shutdown: the connections taken out.
+    pub(super) fn drain(&self) -> Vec<Arc<Conn>> {
+        (0..self.slots.len() as u32)
+            .filter_map(|i| self.remove(i))
+            .collect()
+    }
+}
+
+/// A worker's view of the connection table: the connection of each slot as of its tag, so
+/// that looking one up takes no lock while it stays live.
+pub(super) struct ConnCache {
+    conns: Vec<Option<Arc<Conn>>>,
+}
+
+impl ConnCache {
+    pub(super) fn new(table: &ConnTable) -> ConnCache {
+        ConnCache {
+            conns: vec![None; table.len()],
+        }
+    }
+
+    /// The live connection at `index` (refreshed from `table` when the slot's tag changed).
+    /// Borrowed, so the hot path clones no `Arc`.
+    #[inline(always)]
+    pub(super) fn lookup(&mut self, table: &ConnTable, index: u32) -> Option<&Arc<Conn>> {
+        let slot = table.slots.get(index as usize)?;
+        let tag = slot.tag.load(Ordering::Acquire);
+        if tag == 0 {
+            return None;
+        }
+        let cached = &mut self.conns[index as usize];
+        if cached.as_ref().is_none_or(|c| c.tag != tag) {
+            *cached = slot.conn.read().ok()?.clone();
+        }
+        cached.as_ref().filter(|c| c.tag == tag)
+    }
+}

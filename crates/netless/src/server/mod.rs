@@ -1,0 +1,299 @@
+//! The server: binds a service's socket and serves it with a handler on worker threads that
+//! pull requests from the replica's one shared receive queue (single-queue dispatch).
+//!
+//! - [`handler`]: what a service implements ([`Handler`]) and sees ([`Request`],
+//!   [`ResponseBuilder`]);
+//! - `accept`: the acceptor thread: `SO_PEERCRED` against the ACL, the handshake, hang-ups
+//!   and the reclaiming of a dead client's blocks;
+//! - `conn`: the server's side of a connection and the connection table;
+//! - `worker`: a worker thread's loop over the queue, `lone`: its runs of lone requests;
+//! - `serve`: validating a queue entry's run and serving the request, fragment or batch in
+//!   it; `dispatch`: one request to the handler;
+//! - `reply`: the reply path into the client's response ring; `notify`: one notification per
+//!   batch of replies; `deferred`: replies sent later, from any thread;
+//! - `state`: what all of a server's threads share.
+//!
+//! Workers validate every request against the connection table (index, secret token, block
+//! ownership, lengths) before reading it. A connection whose requests fail validation is
+//! closed with a `Goodbye`; unattributable garbage is counted and dropped. No byte a client
+//! wrote can make a worker panic, read out of bounds or wait forever.
+#![deny(unsafe_code)]
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use netless_ring::ConsumerHead;
+
+use crate::config::{replica_socket, resolve_socket, Provisioning, ServerConfig};
+use crate::segment::layout::provisioning;
+use crate::segment::{ReplicaSegment, ReplicaSpec};
+use crate::status::{Code, Status};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
+
+mod accept;
+mod conn;
+mod deferred;
+mod dispatch;
+pub(crate) mod handler;
+mod lone;
+mod notify;
+mod reply;
+mod serve;
+mod state;
+mod worker;
+
+pub use deferred::{ConnectionWatch, DeferredReply};
+pub use handler::{Handler, Request, ResponseBuilder};
+
+use conn::ConnTable;
+use state::ServerState;
+use worker::WorkerSlot;
+
+/// Counters describing a running server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections currently open.
+    pub connections: u32,
+    /// Requests answered.
+    pub requests: u64,
+    /// Requests whose handler returned an error status.
+    pub errors: u64,
+    /// Queue entries or requests dropped as corrupt or unattributable.
+    pub dropped: u64,
+    /// Connections closed for violating the protocol.
+    pub protocol_violations: u64,
+    /// Blocks of the receive buffer that are free (not holding a request).
+    pub free_blocks: u32,
+    /// Blocks in the receive buffer (all partitions).
+    pub total_blocks: u32,
+    /// Bytes of receive buffer provisioned for the current connections: the whole buffer in
+    /// [`Provisioning::Shared`] and [`Provisioning::PerWorker`], one partition per live
+    /// connection in [`Provisioning::PerConnection`].
+    pub receive_buffer_bytes: u64,
+    /// Requests clients refused to send (buffer full or queue deeper than the SLO allows),
+    /// as counted by the clients in shared memory (a hint: clients write it).
+    pub nacks: u64,
+    /// Requests the workers refused without running them: they had waited too long in the
+    /// queue to finish within the SLO (`crate::slo::admission`). Also NACKs to the caller, and
+    /// counted in `errors` (`RESOURCE_EXHAUSTED`).
+    pub shed: u64,
+    /// The queue-depth limit in force (0: none).
+    pub depth_limit: u32,
+    /// Mean handler time measured so far (with an SLO whose service time is not declared).
+    pub measured_service: Option<Duration>,
+}
+
+/// A running netless server for one service. Stops (and removes its socket) when dropped or
+/// on [`Server::shutdown`].
+///
+/// ```no_run
+/// use netless::{Server, ServerConfig, Request, ResponseBuilder, Status};
+/// let server = Server::bind("demo.Echo", ServerConfig::default(),
+///     |req: &Request<'_>, resp: &mut ResponseBuilder| -> Result<(), Status> {
+///         resp.payload.extend_from_slice(req.payload);
+///         Ok(())
+///     })?;
+/// server.wait();
+/// # Ok::<(), netless::Status>(())
+/// ```
+pub struct Server {
+    state: Arc<ServerState>,
+    threads: Vec<JoinHandle<()>>,
+    stop: OwnedFd,
+}
+
+impl Server {
+    /// Binds `service` and starts serving it with `handler`.
+    ///
+    /// Fails with `ALREADY_EXISTS` if a live server already serves that name in the socket
+    /// directory (a stale socket from a dead server is replaced).
+    pub fn bind(
+        service: &str,
+        config: ServerConfig,
+        handler: impl Handler,
+    ) -> Result<Server, Status> {
+        config.validate()?;
+        let (dir, mut socket_path) = resolve_socket(config.dir.as_deref(), service)?;
+        if let Some(n) = config.replica {
+            socket_path = replica_socket(&dir, service, n)?;
+        }
+        if socket_path.exists() {
+            if UnixStream::connect(&socket_path).is_ok() {
+                return Err(Status::new(
+                    Code::AlreadyExists,
+                    format!(
+                        "service `{service}` is already served at {}: stop that server or pick another name",
+                        socket_path.display()
+                    ),
+                ));
+            }
+            let _ = std::fs::remove_file(&socket_path);
+        }
+        let part_blocks = (config.partition_bytes() / config.block_size as usize) as u32;
+        let replica = ReplicaSegment::create(
+            service,
+            ReplicaSpec {
+                block_size: config.block_size,
+                provisioning: match config.provisioning {
+                    Provisioning::Shared => provisioning::SHARED,
+                    Provisioning::PerWorker => provisioning::PER_WORKER,
+                    Provisioning::PerConnection => provisioning::PER_CONNECTION,
+                },
+                nparts: config.partitions(),
+                part_blocks,
+                nqueues: config.queues(),
+                workers: config.workers as u32,
+                max_message: config.max_message as u32,
+                max_connections: config.max_connections,
+            },
+        )?;
+        if let Some(limit) = config.depth_limit(None) {
+            replica
+                .server_control()
+                .depth_limit
+                .store(limit, Ordering::Relaxed);
+        }
+        crate::control::init(replica.server_control(), &config);
+        let listener = UnixListener::bind(&socket_path).map_err(|e| {
+            Status::unavailable(format!("cannot bind {}: {e}", socket_path.display()))
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Status::internal(format!("listener: {e}")))?;
+        let state = Arc::new_cyclic(|this| ServerState {
+            this: this.clone(),
+            deferring: AtomicBool::new(false),
+            service: service.to_string(),
+            socket_path,
+            heads: (0..config.queues()).map(|_| ConsumerHead::new()).collect(),
+            conns: ConnTable::new(config.max_connections),
+            handler: Box::new(handler),
+            stopping: AtomicBool::new(false),
+            workers: (0..config.workers).map(|_| WorkerSlot::default()).collect(),
+            dropped: AtomicU64::new(0),
+            violations: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
+            #[cfg(feature = "fault-injection")]
+            corrupt_responses: crate::sync::AtomicU32::new(0),
+            replica,
+            config,
+        });
+        let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
+            .map_err(|e| Status::resource_exhausted(format!("eventfd: {e}")))?;
+        // Built before the threads, so that if a spawn fails, dropping it stops and joins the
+        // threads already running and removes the socket.
+        let mut server = Server {
+            state,
+            threads: Vec::new(),
+            stop,
+        };
+        for worker in 0..server.state.config.workers {
+            let state = server.state.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("netless-worker-{worker}"))
+                .spawn(move || worker::run(state, worker));
+            server.threads.push(
+                spawned.map_err(|e| Status::resource_exhausted(format!("spawn worker: {e}")))?,
+            );
+        }
+        {
+            let acceptor = accept::Acceptor::new(
+                server.state.clone(),
+                listener,
+                server
+                    .stop
+                    .try_clone()
+                    .map_err(|e| Status::resource_exhausted(format!("dup: {e}")))?,
+            );
+            let spawned = thread::Builder::new()
+                .name("netless-acceptor".into())
+                .spawn(move || acceptor.run());
+            server.threads.push(
+                spawned.map_err(|e| Status::resource_exhausted(format!("spawn acceptor: {e}")))?,
+            );
+        }
+        Ok(server)
+    }
+
+    /// The service name.
+    pub fn service(&self) -> &str {
+        &self.state.service
+    }
+
+    /// The Unix socket clients connect to.
+    pub fn socket_path(&self) -> &Path {
+        &self.state.socket_path
+    }
+
+    /// A snapshot of the server's counters.
+    pub fn stats(&self) -> ServerStats {
+        self.state.stats()
+    }
+
+    /// Bytes of receive buffer provisioned for the current connections (see
+    /// [`ServerStats::receive_buffer_bytes`]).
+    pub fn receive_buffer_bytes(&self) -> u64 {
+        self.state.receive_buffer_bytes()
+    }
+
+    /// Test-only: answer every call with garbage instead (1: a malformed response header,
+    /// 2: scribble over the whole response ring).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn fault_corrupt_responses(&self, mode: u32) {
+        self.state.corrupt_responses.store(mode, Ordering::Relaxed);
+    }
+
+    /// Blocks the calling thread until the server stops (it only stops when dropped or shut
+    /// down from another thread, so this is for `main` of a server process).
+    pub fn wait(&self) {
+        while !self.state.stopping.load(Ordering::Acquire) {
+            thread::park_timeout(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops accepting, closes every connection (their clients' calls fail with
+    /// `UNAVAILABLE`), joins the threads and removes the socket.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if self.state.stopping.swap(true, Ordering::AcqRel) && self.threads.is_empty() {
+            return;
+        }
+        let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
+        for q in self.state.replica.queues() {
+            netless_ring::notify_all(q.doorbell);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for conn in self.state.conns.drain() {
+            conn.close(Status::unavailable(format!(
+                "service `{}` is shutting down",
+                self.state.service
+            )));
+        }
+        let _ = std::fs::remove_file(&self.state.socket_path);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("service", &self.state.service)
+            .field("socket", &self.state.socket_path)
+            .finish()
+    }
+}
