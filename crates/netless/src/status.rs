@@ -216,7 +216,7 @@ impl ReplyCode {
     const NOT_RUN: u16 = 1 << 15;
 
     /// The reply code of a call that failed with `status`.
-    pub fn of(status: &Status) -> ReplyCode {
+    pub(crate) fn of(status: &Status) -> ReplyCode {
         ReplyCode {
             code: status.code,
             not_run: status.nack,
@@ -224,13 +224,13 @@ impl ReplyCode {
     }
 
     /// The wire's `u16`.
-    pub fn wire(self) -> u16 {
+    pub(crate) fn wire(self) -> u16 {
         self.code as u16 | if self.not_run { Self::NOT_RUN } else { 0 }
     }
 
     /// Decodes a wire `u16` (written by the peer: `None` for an unknown code, or a NOT_RUN
     /// bit on anything but `RESOURCE_EXHAUSTED`).
-    pub fn from_wire(wire: u16) -> Option<ReplyCode> {
+    pub(crate) fn from_wire(wire: u16) -> Option<ReplyCode> {
         let code = Code::from_u16(wire & !Self::NOT_RUN)?;
         let not_run = wire & Self::NOT_RUN != 0;
         (!not_run || code == Code::ResourceExhausted).then_some(ReplyCode { code, not_run })
@@ -238,19 +238,19 @@ impl ReplyCode {
 
     /// The one-byte form a [`CompactReply`](crate::layout::CompactReply) carries: the code
     /// (0–16) in the low bits, NOT_RUN in bit 7.
-    pub fn wire8(self) -> u8 {
+    pub(crate) fn wire8(self) -> u8 {
         self.code as u8 | if self.not_run { 0x80 } else { 0 }
     }
 
     /// Decodes the one-byte form, as [`ReplyCode::from_wire`] does the `u16`.
-    pub fn from_wire8(wire: u8) -> Option<ReplyCode> {
+    pub(crate) fn from_wire8(wire: u8) -> Option<ReplyCode> {
         let not_run = if wire & 0x80 != 0 { Self::NOT_RUN } else { 0 };
         Self::from_wire(u16::from(wire & 0x7f) | not_run)
     }
 
     /// The status of a failed call from its message bytes, copied out of the ring before
     /// they are decoded (the server can still write there).
-    pub fn status(self, message: &[u8]) -> Status {
+    pub(crate) fn status(self, message: &[u8]) -> Status {
         Status {
             code: self.code,
             message: String::from_utf8_lossy(&Vec::from(message)).into_owned(),

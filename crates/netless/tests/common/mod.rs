@@ -12,17 +12,17 @@ use std::time::Duration;
 use netless::{ClientConfig, Request, ResponseBuilder, ServerConfig, Status, WaitMode, WaitPolicy};
 
 /// Env var naming the role a spawned child plays.
-pub const ROLE: &str = "NETLESS_TEST_ROLE";
+pub(crate) const ROLE: &str = "NETLESS_TEST_ROLE";
 /// Env var carrying the socket directory to a child.
-pub const DIR: &str = "NETLESS_TEST_DIR";
+pub(crate) const DIR: &str = "NETLESS_TEST_DIR";
 /// Env var carrying the service name to a child.
-pub const SERVICE: &str = "NETLESS_TEST_SERVICE";
+pub(crate) const SERVICE: &str = "NETLESS_TEST_SERVICE";
 
 /// A fresh private socket directory, removed on drop.
-pub struct TestDir(pub PathBuf);
+pub(crate) struct TestDir(pub PathBuf);
 
 impl TestDir {
-    pub fn new(tag: &str) -> TestDir {
+    pub(crate) fn new(tag: &str) -> TestDir {
         static N: AtomicU32 = AtomicU32::new(0);
         let path = std::env::temp_dir().join(format!(
             "netless-test-{}-{tag}-{}",
@@ -34,7 +34,7 @@ impl TestDir {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
         TestDir(path)
     }
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
@@ -46,14 +46,14 @@ impl Drop for TestDir {
 }
 
 /// Short spin budgets: tests run in parallel on two cores.
-pub fn test_wait() -> WaitPolicy {
+pub(crate) fn test_wait() -> WaitPolicy {
     WaitPolicy {
         mode: WaitMode::Adaptive,
         spin: Duration::from_micros(5),
     }
 }
 
-pub fn server_config(dir: &Path) -> ServerConfig {
+pub(crate) fn server_config(dir: &Path) -> ServerConfig {
     ServerConfig {
         workers: 2,
         wait: test_wait(),
@@ -62,7 +62,7 @@ pub fn server_config(dir: &Path) -> ServerConfig {
     }
 }
 
-pub fn client_config(dir: &Path) -> ClientConfig {
+pub(crate) fn client_config(dir: &Path) -> ClientConfig {
     ClientConfig {
         wait: test_wait(),
         dir: Some(dir.to_path_buf()),
@@ -74,7 +74,7 @@ pub fn client_config(dir: &Path) -> ClientConfig {
 /// without copying it, via `reply_with`); `Fail` returns NOT_FOUND;
 /// `Slow` sleeps for the number of milliseconds in its payload (u64 LE) then echoes; `Big`
 /// returns as many bytes as its payload says (u64 LE).
-pub fn test_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+pub(crate) fn test_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
     let number = || {
         req.payload
             .get(..8)
@@ -111,7 +111,7 @@ pub fn test_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Re
 }
 
 /// Spawns this test binary running only `test_name`, in `role`.
-pub fn spawn_role(test_name: &str, role: &str, dir: &Path, service: &str) -> Child {
+pub(crate) fn spawn_role(test_name: &str, role: &str, dir: &Path, service: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -132,7 +132,7 @@ pub fn spawn_role(test_name: &str, role: &str, dir: &Path, service: &str) -> Chi
 
 /// Reads the child's stdout until a line equal to `marker` (the test harness prints its own
 /// lines too); panics if the child exits first.
-pub fn wait_for_line(stdout: &mut BufReader<ChildStdout>, marker: &str) {
+pub(crate) fn wait_for_line(stdout: &mut BufReader<ChildStdout>, marker: &str) {
     let mut line = String::new();
     loop {
         line.clear();
@@ -147,7 +147,7 @@ pub fn wait_for_line(stdout: &mut BufReader<ChildStdout>, marker: &str) {
 /// Reads the rest of the child's stdout on a thread until it exits, for a caller done with
 /// it: a child whose stdout is closed would fail its harness's last lines with EPIPE (and
 /// print "io error when listing tests" into the parent's output).
-pub fn drain_in_background(stdout: BufReader<ChildStdout>) {
+pub(crate) fn drain_in_background(stdout: BufReader<ChildStdout>) {
     std::thread::spawn(move || {
         let mut stdout = stdout;
         let _ = std::io::copy(&mut stdout, &mut std::io::sink());
@@ -155,7 +155,7 @@ pub fn drain_in_background(stdout: BufReader<ChildStdout>) {
 }
 
 /// The role this process was spawned for, if any.
-pub fn role() -> Option<(String, PathBuf, String)> {
+pub(crate) fn role() -> Option<(String, PathBuf, String)> {
     let role = std::env::var(ROLE).ok()?;
     Some((
         role,
@@ -165,7 +165,7 @@ pub fn role() -> Option<(String, PathBuf, String)> {
 }
 
 /// Sends SIGKILL.
-pub fn sigkill(child: &Child) {
+pub(crate) fn sigkill(child: &Child) {
     rustix::process::kill_process(
         rustix::process::Pid::from_child(child),
         rustix::process::Signal::KILL,
@@ -174,7 +174,7 @@ pub fn sigkill(child: &Child) {
 }
 
 /// CPU time (user + system) a process has used, from /proc.
-pub fn cpu_time(pid: u32) -> Duration {
+pub(crate) fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let after = &stat[stat.rfind(')').unwrap() + 2..];
     let fields: Vec<&str> = after.split_whitespace().collect();
@@ -186,7 +186,7 @@ pub fn cpu_time(pid: u32) -> Duration {
 /// Reads a child's stdout up to its `RESULT key=value …` line (anything before it on that
 /// line, or on earlier lines, is skipped); fails if the child dies or `timeout` passes
 /// between lines.
-pub fn read_result(out: &mut BufReader<ChildStdout>, timeout: Duration) -> String {
+pub(crate) fn read_result(out: &mut BufReader<ChildStdout>, timeout: Duration) -> String {
     let deadline = std::time::Instant::now() + timeout;
     let mut line = String::new();
     while !line.starts_with("RESULT") {
@@ -199,7 +199,7 @@ pub fn read_result(out: &mut BufReader<ChildStdout>, timeout: Duration) -> Strin
 }
 
 /// The value of `key=value` in a `RESULT` line.
-pub fn field(line: &str, key: &str) -> u64 {
+pub(crate) fn field(line: &str, key: &str) -> u64 {
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
         .unwrap_or_else(|| panic!("no {key} in {line}"))
