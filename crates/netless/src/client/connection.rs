@@ -19,7 +19,6 @@ use netless_shm::recv_frame;
 use super::call::CallOptions;
 use super::slots::{lock, CallSlots};
 use crate::config::ClientConfig;
-use crate::segment::layout::provisioning;
 use crate::segment::{BlockLease, ConnSegment, ReplicaSegment};
 use crate::spin_lock::SpinLock;
 use crate::status::Status;
@@ -253,28 +252,6 @@ impl Connection {
         }
     }
 
-    /// How many connections allocate in this connection's partition of the buffer.
-    pub(crate) fn sharers(&self) -> u32 {
-        let g = self.replica.geometry();
-        match g.provisioning {
-            provisioning::PER_CONNECTION => 1,
-            _ => {
-                let conns = self
-                    .replica
-                    .server_control()
-                    .connections
-                    .load(Ordering::Relaxed);
-                conns.div_ceil(g.nparts.max(1)).max(1)
-            }
-        }
-    }
-
-    /// The buffer's shared allocation head, if connections share the partition's head.
-    pub(crate) fn shared_head(&self) -> Option<&crate::sync::AtomicU32> {
-        (self.replica.geometry().provisioning == provisioning::SHARED)
-            .then(|| &self.replica.client_control().alloc_head)
-    }
-
     /// Fails fast, before anything is written, if more requests are queued ahead than the
     /// server's SLO allows (NEBULA's NACK: such a request would miss its SLO anyway).
     /// `unpublished`: requests of ours that will enter the queue ahead of this one (a
@@ -323,11 +300,5 @@ impl Connection {
             .nacks
             .fetch_add(1, Ordering::Relaxed);
         Status::nack(message)
-    }
-
-    /// Requests queued at the server ahead of a new one from this connection, as the server
-    /// last published it (a hint).
-    pub(crate) fn queue_depth(&self) -> u64 {
-        self.replica.queue_for(self.conn_index).depth()
     }
 }

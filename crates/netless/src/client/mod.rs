@@ -160,7 +160,8 @@ impl Client {
     /// Requests queued at the server ahead of a new call from this connection, as the
     /// server last published it in shared memory (a hint, for load balancing).
     pub fn queue_depth(&self) -> u64 {
-        self.handle.conn.queue_depth()
+        let conn = &self.handle.conn;
+        conn.replica.queue_for(conn.conn_index).depth()
     }
 
     /// Calls `method` with `payload` and waits for the reply.
@@ -318,7 +319,7 @@ impl Client {
             let shared = self.handle.conn.clone();
             match thread::Builder::new()
                 .name("netless-reaper".into())
-                .spawn(move || shared.reap())
+                .spawn(move || reaper::Reaper { conn: shared }.run())
             {
                 Ok(h) => {
                     *lock(&self.handle.conn.reaper_thread) = Some(h.thread().clone());
@@ -381,6 +382,6 @@ impl Connection {
     }
     pub(crate) fn claim_for_fault(&self, count: u32) -> Option<u32> {
         self.lease
-            .claim(self.replica.table(), self.shared_head(), count)
+            .claim(self.replica.table(), self.replica.shared_head(), count)
     }
 }

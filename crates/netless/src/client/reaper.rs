@@ -13,32 +13,38 @@ use super::future::SPINNER_CHECK;
 use super::wait::MAX_SLEEP;
 use crate::sync::Ordering;
 
-impl Connection {
+/// The reaper thread's state.
+pub(super) struct Reaper {
+    pub(super) conn: Arc<Connection>,
+}
+
+impl Reaper {
     /// The reaper: collects responses for async calls.
-    pub(super) fn reap(self: Arc<Self>) {
+    pub(super) fn run(self) {
+        let conn = &*self.conn;
         let policy = WaitPolicy {
-            spin: self.config.wait.spin.min(Duration::from_micros(20)),
-            ..self.config.wait
+            spin: conn.config.wait.spin.min(Duration::from_micros(20)),
+            ..conn.config.wait
         };
         let mut vacant_seen = false;
-        while !self.stopping.load(Ordering::Acquire) {
-            if self.async_waiters.load(Ordering::Acquire) == 0
-                && self.slots.abandoned.load(Ordering::Acquire) == 0
+        while !conn.stopping.load(Ordering::Acquire) {
+            if conn.async_waiters.load(Ordering::Acquire) == 0
+                && conn.slots.abandoned.load(Ordering::Acquire) == 0
             {
                 thread::park_timeout(Duration::from_millis(100));
                 continue;
             }
-            if self.spinning.load(Ordering::Acquire) > 0 {
+            if conn.spinning.load(Ordering::Acquire) > 0 {
                 // Spinning calls poll the ring themselves; stay off it and off the CPU. A
                 // role left vacant for a whole check (nobody adopted it) is taken back.
-                if self.role_vacant.load(Ordering::Acquire) {
+                if conn.role_vacant.load(Ordering::Acquire) {
                     if vacant_seen
-                        && self
+                        && conn
                             .role_vacant
                             .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
                             .is_ok()
                     {
-                        self.spinning.store(0, Ordering::Release);
+                        conn.spinning.store(0, Ordering::Release);
                         vacant_seen = false;
                         continue;
                     }
@@ -46,53 +52,53 @@ impl Connection {
                 } else {
                     vacant_seen = false;
                 }
-                self.slots.expire_async();
+                conn.slots.expire_async();
                 thread::park_timeout(SPINNER_CHECK);
                 continue;
             }
             vacant_seen = false;
-            let Some(mut consumer) = self.consumer.try_lock() else {
+            let Some(mut consumer) = conn.consumer.try_lock() else {
                 // A blocking caller holds the ring (and may for long): async deadlines are
                 // still ours to enforce. It unparks us when it lets go.
-                self.slots.expire_async();
+                conn.slots.expire_async();
                 thread::park_timeout(Duration::from_millis(1));
                 continue;
             };
-            if let Err(what) = self
+            if let Err(what) = conn
                 .slots
-                .drain(&mut consumer, None, self.config.max_message)
+                .drain(&mut consumer, None, conn.config.max_message)
             {
                 drop(consumer);
-                self.fail(self.corrupt(&what));
+                conn.fail(conn.corrupt(&what));
                 continue;
             }
-            self.slots.expire_async();
-            if self.is_dead() {
+            conn.slots.expire_async();
+            if conn.is_dead() {
                 drop(consumer);
                 // No reply will ever come: nothing abandoned is left to drain. (Not
                 // `wake_everyone`: unparking itself would turn this park into a busy loop.)
-                self.slots.abandoned.store(0, Ordering::Release);
-                self.slots.wake_callers();
+                conn.slots.abandoned.store(0, Ordering::Release);
+                conn.slots.wake_callers();
                 thread::park_timeout(Duration::from_millis(10));
                 continue;
             }
             let _ = netless_ring::wait(
-                self.doorbell,
+                conn.doorbell,
                 &policy,
                 Some(Instant::now() + Duration::from_millis(5)),
                 MAX_SLEEP,
                 || {
                     (consumer.has_next()
-                        || self.spinning.load(Ordering::Acquire) > 0
-                        || self.dead.load(Ordering::Acquire)
-                        || self.stopping.load(Ordering::Acquire)
-                        || (self.async_waiters.load(Ordering::Acquire) == 0
-                            && self.slots.abandoned.load(Ordering::Acquire) == 0))
+                        || conn.spinning.load(Ordering::Acquire) > 0
+                        || conn.dead.load(Ordering::Acquire)
+                        || conn.stopping.load(Ordering::Acquire)
+                        || (conn.async_waiters.load(Ordering::Acquire) == 0
+                            && conn.slots.abandoned.load(Ordering::Acquire) == 0))
                         .then_some(())
                 },
             );
             drop(consumer);
-            self.after_consumer_release();
+            conn.after_consumer_release();
         }
     }
 }

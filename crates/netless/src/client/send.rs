@@ -109,7 +109,7 @@ impl Connection {
         };
         let pieces = [method.as_bytes(), md_slice, payload];
         let deadline_ns = deadline.map_or(0, |d| netless_shm::instant_to_monotonic_ns(d).max(1));
-        let mut header = WireHeader {
+        let header = WireHeader {
             token: self.token,
             call_id,
             deadline_ns,
@@ -122,16 +122,19 @@ impl Connection {
             reserved: [flags, 0],
             ..WireHeader::default()
         };
+        let mut send = RequestSend {
+            conn: self,
+            header,
+            pieces,
+            deadline,
+            space_deadline: None,
+            spins: 0,
+        };
         let mut offset = 0usize;
         let mut first = true;
-        let mut space_deadline = None;
         loop {
             let frag_len = (body_len - offset).min(self.fragment_body);
-            header.frag_offset = offset as u32;
-            header.frag_len = frag_len as u32;
-            if let Err(status) =
-                self.send_fragment(&mut header, &pieces, first, deadline, &mut space_deadline)
-            {
+            if let Err(status) = send.fragment(offset, frag_len, first) {
                 // Nothing was sent for a NACKed first fragment, so the slot can be reused; a
                 // partly sent request is abandoned (the server discards its fragments).
                 self.slots.free(index);
@@ -145,20 +148,35 @@ impl Connection {
             }
         }
     }
+}
 
-    fn send_fragment(
-        &self,
-        header: &mut WireHeader,
-        pieces: &[&[u8]; 3],
-        first: bool,
-        deadline: Option<Instant>,
-        space_deadline: &mut Option<Instant>,
-    ) -> Result<(), Status> {
-        let block = self.replica.block_size();
-        let frag_len = header.frag_len as usize;
+/// One request being sent, fragment by fragment: its header, the pieces of its body, and
+/// how long it may wait for room in the buffer.
+struct RequestSend<'c> {
+    conn: &'c Connection,
+    header: WireHeader,
+    /// Method, metadata encoding and payload: the body, in order.
+    pieces: [&'c [u8]; 3],
+    deadline: Option<Instant>,
+    /// Until when the later fragments may wait for room, once one had to.
+    space_deadline: Option<Instant>,
+    spins: u32,
+}
+
+impl RequestSend<'_> {
+    /// Sends bytes `offset..offset + frag_len` of the body behind the header; for the
+    /// `first` fragment, a NACK instead of waiting when the buffer or queue has no room.
+    fn fragment(&mut self, offset: usize, frag_len: usize, first: bool) -> Result<(), Status> {
+        let conn = self.conn;
+        let replica = &conn.replica;
+        let block = replica.block_size();
+        self.spins = 0;
+        let header = &mut self.header;
+        header.frag_offset = offset as u32;
+        header.frag_len = frag_len as u32;
         // Every fragment carries the time it is enqueued: a worker judges the wait of the one
         // that completes the request, not the time the sender spent on the whole body.
-        header.reserved[1] = crate::slo::admission::stamp_for(self.replica.server_control());
+        header.reserved[1] = crate::slo::admission::stamp_for(replica.server_control());
         // A request that needs no more takes the 32-byte header, and perhaps a block less.
         header.nblocks = (SHORT_HEADER_LEN + frag_len).div_ceil(block) as u32;
         let short = ShortHeader::of(header);
@@ -169,38 +187,36 @@ impl Connection {
         };
         let count = (header_len + frag_len).div_ceil(block) as u32;
         header.nblocks = count;
-        let table = self.replica.table();
+        let header = *header;
+        let table = replica.table();
         // Start moving every line this send will write to our core at once (block-table word,
         // the message's first lines, the queue cell), instead of one after another.
-        if let Some(start) = self.lease.likely_next(count) {
-            if let (Some(dst), Some(word)) =
-                (self.replica.run(start, count), table.get(start as usize))
+        if let Some(start) = conn.lease.likely_next(count) {
+            if let (Some(dst), Some(word)) = (replica.run(start, count), table.get(start as usize))
             {
                 prefetch_write((word as *const AtomicU32).cast());
                 prefetch_write_range(dst.as_ptr(), header_len + frag_len, 4);
             }
         }
-        let queue = self.replica.queue_for(self.conn_index);
+        let queue = replica.queue_for(conn.conn_index);
         if first {
-            self.check_depth(0)?;
+            conn.check_depth(0)?;
         }
-        let mut spins = 0u32;
         loop {
-            if self.is_dead() {
-                return Err(self.death_status());
+            if conn.is_dead() {
+                return Err(conn.death_status());
             }
-            let claimed = self.lease.claim(table, self.shared_head(), count);
-            let start = match claimed {
+            let start = match conn.lease.claim(table, replica.shared_head(), count) {
                 Some(start) => start,
                 None if first => {
-                    let part = self.replica.geometry().part_blocks;
-                    return Err(self.nack(format!(
+                    let part = replica.geometry().part_blocks;
+                    return Err(conn.nack(format!(
                         "receive buffer of service `{}` is full (a run of {count} free blocks of {block} bytes needed, none among the {part} this connection may use): retry with backoff, or run more replicas",
-                        self.service,
+                        conn.service,
                     )));
                 }
                 None => {
-                    self.backoff_for_space(&mut spins, deadline, space_deadline)?;
+                    self.backoff_for_space()?;
                     continue;
                 }
             };
@@ -210,12 +226,12 @@ impl Connection {
                 Some(short) => short.as_bytes(),
                 None => header.as_bytes(),
             };
-            let written = self.replica.run(start, count).is_some_and(|run| {
+            let written = replica.run(start, count).is_some_and(|run| {
                 run.write(0, &[header_bytes])
-                    && run.write_range(header_len, pieces, header.frag_offset as usize, frag_len)
+                    && run.write_range(header_len, &self.pieces, offset, frag_len)
             });
             if !written {
-                self.lease.unclaim(table, start, count);
+                conn.lease.unclaim(table, start, count);
                 return Err(Status::internal("a request's blocks do not hold it"));
             }
             match queue.queue.try_enqueue(start) {
@@ -224,32 +240,29 @@ impl Connection {
                     return Ok(());
                 }
                 Err(e) => {
-                    self.lease.unclaim(table, start, count);
+                    conn.lease.unclaim(table, start, count);
                     if first {
                         let why = match e {
                             EnqueueError::Full => "receive queue is full",
                             _ => "receive queue is contended or damaged",
                         };
-                        return Err(self.nack(format!(
+                        return Err(conn.nack(format!(
                             "service `{}`: {why}; retry with backoff",
-                            self.service
+                            conn.service
                         )));
                     }
-                    self.backoff_for_space(&mut spins, deadline, space_deadline)?;
+                    self.backoff_for_space()?;
                 }
             }
         }
     }
 
-    fn backoff_for_space(
-        &self,
-        spins: &mut u32,
-        deadline: Option<Instant>,
-        space_deadline: &mut Option<Instant>,
-    ) -> Result<(), Status> {
+    /// Waits a little for room in the buffer for a later fragment: `Err` once the call's
+    /// deadline or [`FRAGMENT_SPACE_WAIT`] has passed.
+    fn backoff_for_space(&mut self) -> Result<(), Status> {
         let now = Instant::now();
-        let space_deadline = *space_deadline.get_or_insert(now + FRAGMENT_SPACE_WAIT);
-        if deadline.is_some_and(|d| now >= d) {
+        let space_deadline = *self.space_deadline.get_or_insert(now + FRAGMENT_SPACE_WAIT);
+        if self.deadline.is_some_and(|d| now >= d) {
             return Err(Status::deadline_exceeded(
                 "deadline expired while sending a large request",
             ));
@@ -257,11 +270,11 @@ impl Connection {
         if now >= space_deadline {
             return Err(Status::resource_exhausted(format!(
                 "receive buffer of service `{}` stayed full for {:?} while sending a large request",
-                self.service, FRAGMENT_SPACE_WAIT
+                self.conn.service, FRAGMENT_SPACE_WAIT
             )));
         }
-        *spins += 1;
-        if *spins < 64 {
+        self.spins += 1;
+        if self.spins < 64 {
             thread::yield_now();
         } else {
             thread::sleep(Duration::from_micros(50));

@@ -69,11 +69,12 @@ impl Connection {
                         break WaitEnd::Recheck;
                     }
                     // Use the wait to get the next call's blocks ready.
-                    let sharers = self.sharers();
-                    if let Some((start, count)) =
-                        self.lease
-                            .prepare_spare(self.replica.table(), self.shared_head(), sharers)
-                    {
+                    let sharers = self.replica.sharers();
+                    if let Some((start, count)) = self.lease.prepare_spare(
+                        self.replica.table(),
+                        self.replica.shared_head(),
+                        sharers,
+                    ) {
                         if let Some(run) = self.replica.run(start, count) {
                             prefetch_write_range(run.as_ptr(), run.len(), 64);
                         }

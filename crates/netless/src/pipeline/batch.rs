@@ -136,7 +136,7 @@ impl Batcher {
         let (start, blocks, kept) = match self.kept.take_idle_whole(conn, want.max(one)) {
             Some((id, run)) => (run.start, run.blocks, Some(id)),
             None => {
-                let head = conn.shared_head();
+                let head = conn.replica.shared_head();
                 let claimed = conn
                     .lease
                     .claim_fresh(table, head, want.max(one))
@@ -154,7 +154,7 @@ impl Batcher {
                 // idle would take from that.
                 let slo = conn.replica.server_control().slo_ns.load(Ordering::Relaxed);
                 let budget = if slo == 0 {
-                    conn.lease.partition_len() / (4 * conn.sharers())
+                    conn.lease.partition_len() / (4 * conn.replica.sharers())
                 } else {
                     0
                 };

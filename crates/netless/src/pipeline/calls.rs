@@ -1,12 +1,15 @@
 //! A pipeline's calls in flight: one slot per call, its id made of the slot and the slot's
 //! generation, so a reply (whose id comes from memory the server writes) is accepted only
-//! for the call in flight in its slot; and the outcomes waiting for the next `poll`.
+//! for the call in flight in its slot; the outcomes waiting for the next `poll`; and the
+//! replies taken from the response ring to their calls.
 
 use std::collections::HashMap;
 
 use super::kept::KeptRuns;
 use super::Pipeline;
+use crate::client::Connection;
 use crate::status::Status;
+use crate::wire::reply::{for_each_compact_reply, is_reply_batch, outcome, parse_response};
 
 /// Set in a slot whose call is in flight.
 const BUSY: u32 = 1 << 31;
@@ -93,5 +96,80 @@ impl Calls {
                 kept.answered(index);
             }
         }
+    }
+
+    /// Takes every reply in `conn`'s response ring to `on_reply(call_id, reply)`, without
+    /// waiting, validating each (the server writes the ring); returns how many. A malformed
+    /// record or a reply to no call in flight closes the connection (`Err`).
+    pub(super) fn take_replies(
+        &mut self,
+        conn: &Connection,
+        kept: &mut KeptRuns,
+        on_reply: &mut impl FnMut(u64, Result<&[u8], Status>),
+    ) -> Result<usize, Status> {
+        let fail = |what: &str| {
+            let status = conn.corrupt(what);
+            conn.fail(status.clone());
+            Err(status)
+        };
+        let mut delivered = 0;
+        let Some(mut consumer) = conn.consumer.try_lock() else {
+            return Ok(delivered);
+        };
+        loop {
+            let record = match consumer.peek() {
+                Ok(Some(record)) => record,
+                Ok(None) => break,
+                Err(e) => return fail(&e.to_string()),
+            };
+            let body = record.body();
+            if is_reply_batch(body) {
+                let max = conn.config.max_message;
+                let done = for_each_compact_reply(body, max, |id, code, bytes| {
+                    if !self.is_live(id) {
+                        return Err("a reply to no call in flight");
+                    }
+                    on_reply(id, outcome(code, bytes.0, bytes.1));
+                    self.complete(kept, id);
+                    Ok(())
+                });
+                match done {
+                    Ok(n) => delivered += n,
+                    Err(what) => return fail(what),
+                }
+                record.release();
+                continue;
+            }
+            let parsed = parse_response(body, conn.config.max_message).and_then(|parsed| {
+                let live = self.is_live(parsed.0.call_id);
+                live.then_some(parsed).ok_or("a reply to no call in flight")
+            });
+            let (h, code, fragment) = match parsed {
+                Ok(v) => v,
+                Err(what) => return fail(what),
+            };
+            let whole;
+            let bytes: &[u8] = if h.frag_len == h.body_len {
+                fragment
+            } else {
+                let buf = self.partial.entry(h.call_id).or_default();
+                if h.frag_offset as usize != buf.len() {
+                    return fail("response fragments out of order");
+                }
+                netless_shm::copy::extend(buf, fragment);
+                if buf.len() < h.body_len as usize {
+                    record.release();
+                    continue;
+                }
+                whole = self.partial.remove(&h.call_id).unwrap_or_default();
+                &whole
+            };
+            let md_end = h.metadata_len as usize;
+            on_reply(h.call_id, outcome(code, &bytes[..md_end], &bytes[md_end..]));
+            record.release();
+            self.complete(kept, h.call_id);
+            delivered += 1;
+        }
+        Ok(delivered)
     }
 }

@@ -46,7 +46,6 @@ use crate::wire::header::{
     align64, align8, kind, wire_flags, ShortHeader, WireHeader, COMPACT_HEADER_LEN, HEADER_LEN,
     SHORT_HEADER_LEN,
 };
-use crate::wire::reply::{for_each_compact_reply, is_reply_batch, outcome, parse_response};
 
 mod batch;
 mod calls;
@@ -470,77 +469,11 @@ impl Pipeline {
                 self.publish();
             }
         }
-        // Borrowed field by field, so the connection and the call bookkeeping coexist.
-        let Pipeline {
-            client,
-            calls,
-            batch,
-        } = self;
-        let kept = &mut batch.kept;
-        let conn = client.connection();
-        let fail = |what: &str| {
-            let status = conn.corrupt(what);
-            conn.fail(status.clone());
-            Err(status)
-        };
-        let Some(mut consumer) = conn.consumer.try_lock() else {
-            return Ok(delivered);
-        };
-        loop {
-            let record = match consumer.peek() {
-                Ok(Some(record)) => record,
-                Ok(None) => break,
-                Err(e) => return fail(&e.to_string()),
-            };
-            let body = record.body();
-            if is_reply_batch(body) {
-                let max = conn.config.max_message;
-                let done = for_each_compact_reply(body, max, |id, code, bytes| {
-                    if !calls.is_live(id) {
-                        return Err("a reply to no call in flight");
-                    }
-                    on_reply(id, outcome(code, bytes.0, bytes.1));
-                    calls.complete(kept, id);
-                    Ok(())
-                });
-                match done {
-                    Ok(n) => delivered += n,
-                    Err(what) => return fail(what),
-                }
-                record.release();
-                continue;
-            }
-            let parsed = parse_response(body, conn.config.max_message).and_then(|parsed| {
-                let live = calls.is_live(parsed.0.call_id);
-                live.then_some(parsed).ok_or("a reply to no call in flight")
-            });
-            let (h, code, fragment) = match parsed {
-                Ok(v) => v,
-                Err(what) => return fail(what),
-            };
-            let whole;
-            let bytes: &[u8] = if h.frag_len == h.body_len {
-                fragment
-            } else {
-                let buf = calls.partial.entry(h.call_id).or_default();
-                if h.frag_offset as usize != buf.len() {
-                    return fail("response fragments out of order");
-                }
-                netless_shm::copy::extend(buf, fragment);
-                if buf.len() < h.body_len as usize {
-                    record.release();
-                    continue;
-                }
-                whole = calls.partial.remove(&h.call_id).unwrap_or_default();
-                &whole
-            };
-            let md_end = h.metadata_len as usize;
-            on_reply(h.call_id, outcome(code, &bytes[..md_end], &bytes[md_end..]));
-            record.release();
-            calls.complete(kept, h.call_id);
-            delivered += 1;
-        }
-        drop(consumer);
+        let conn = self.client.connection();
+        let taken = self
+            .calls
+            .take_replies(conn, &mut self.batch.kept, &mut on_reply)?;
+        delivered += taken;
         if delivered == 0 && conn.is_dead() {
             return Err(conn.death_status());
         }

@@ -361,6 +361,25 @@ impl ReplicaSegment {
         let start = p * self.geometry.part_blocks;
         start..start + self.geometry.part_blocks
     }
+    /// How many connections allocate in each partition of the buffer (a hint: the server publishes its connection count).
+    pub(crate) fn sharers(&self) -> u32 {
+        let g = &self.geometry;
+        match g.provisioning {
+            provisioning::PER_CONNECTION => 1,
+            _ => {
+                let conns = self.server_control.connections.load(Ordering::Relaxed);
+                conns.div_ceil(g.nparts.max(1)).max(1)
+            }
+        }
+    }
+
+    /// The buffer's shared allocation head, if connections share the partition's head
+    /// (a hint any client writes).
+    pub(crate) fn shared_head(&self) -> Option<&AtomicU32> {
+        (self.geometry.provisioning == provisioning::SHARED)
+            .then_some(&self.client_control.alloc_head)
+    }
+
     pub(crate) fn segment(&self) -> &Segment {
         &self.segment
     }
