@@ -1,12 +1,6 @@
-//! A process's membership of a domain: its ledger of page references, its lease of free pages,
-//! its buffers, and the pool operations built on them (the Refs it creates and maps are in
-//! `ref_slots`).
-//!
-//! The shared pool records *which* members hold a page (one bit each); this module counts,
-//! privately, how many of this process's buffers and outstanding Refs use each page, and sets
-//! or clears the process's bit when that count leaves or reaches zero. A page may be written
-//! in place only when this process counts one use and is the page's only holder; otherwise a
-//! write copies it first (copy-on-write).
+//! A process's membership of a domain: its buffers, the DmRPC calls, and the pool operations
+//! built on its page ledger (`page_ledger`: which pages it uses, its lease, copy-on-write) and
+//! on the Ref slots (`ref_slots`: the Refs it creates and maps).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -14,11 +8,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::coordinator::Link;
-use crate::layout::{PoolGeometry, PoolMap, MAX_REF_BYTES, PAGE_SIZE};
+use crate::layout::{PoolGeometry, PoolMap, PAGE_SIZE};
 use crate::{pages, PoolError, Ref, SharedBuf};
 
+mod page_ledger;
 mod ref_slots;
 
+use page_ledger::PageLedger;
 use ref_slots::{Collect, Outstanding, COLLECT_BUDGET};
 
 /// Most uses of one page by one process (buffers plus outstanding Refs).
@@ -110,15 +106,12 @@ pub(crate) struct Inner {
     pub(crate) member: usize,
     pub(crate) name: String,
     local: Mutex<Local>,
-    lease_low: usize,
-    lease_high: usize,
     ref_ttl: Duration,
     link: Mutex<Option<Link>>,
 }
 
 struct Local {
-    counts: Vec<u32>,
-    lease: Vec<u32>,
+    ledger: PageLedger,
     slot_cursor: usize,
     outstanding: VecDeque<Outstanding>,
     handles: HashMap<u64, (Vec<u32>, usize)>,
@@ -136,22 +129,18 @@ impl Domain {
         config: &DomainConfig,
         link: Option<Link>,
     ) -> Domain {
-        let npages = map.npages() as usize;
         Domain {
             inner: Arc::new(Inner {
-                map,
-                member,
                 name: config.name.clone(),
                 local: Mutex::new(Local {
-                    counts: vec![0; npages],
-                    lease: Vec::new(),
+                    ledger: PageLedger::new(map.clone(), member, config),
                     slot_cursor: member * 64,
                     outstanding: VecDeque::new(),
                     handles: HashMap::new(),
                     next_handle: 1,
                 }),
-                lease_low: config.lease_low.max(1),
-                lease_high: config.lease_high.max(config.lease_low.max(1) * 2),
+                map,
+                member,
                 ref_ttl: config.ref_ttl,
                 link: Mutex::new(link),
             }),
@@ -252,7 +241,7 @@ impl Domain {
             pages: inner.map.npages() as usize,
             free_pages: pages::free_count(&inner.map),
             held_pages: pages::held_by(&inner.map, inner.member),
-            leased_pages: local.lease.len(),
+            leased_pages: local.ledger.leased_pages(),
             members: crate::members::live_count(&inner.map),
             outstanding_refs: local.outstanding.len(),
             bytes_copied: row.bytes_copied.load(Ordering::Relaxed),
@@ -361,153 +350,15 @@ impl Inner {
         RAddr(id)
     }
 
-    /// One more local use of `page`, taking a holder bit on the first.
-    fn use_page(&self, local: &mut Local, page: u32) -> Result<(), PoolError> {
-        let c = &mut local.counts[page as usize];
-        if *c >= MAX_LOCAL_REFS {
-            return Err(PoolError::CountOverflow {
-                page,
-                max: MAX_LOCAL_REFS,
-            });
-        }
-        *c += 1;
-        if *c == 1 {
-            pages::add_holder(&self.map, self.member, page);
-        }
-        Ok(())
-    }
-
-    /// One local use of `page` fewer; on the last, the page goes to the lease (if we hold it
-    /// alone) or our holder bit is cleared.
-    fn unuse_page(&self, local: &mut Local, page: u32) {
-        let c = &mut local.counts[page as usize];
-        if *c == 0 {
-            tracing::error!("netless-pool: page {page} released more often than used (bug)");
-            return;
-        }
-        *c -= 1;
-        if *c > 0 {
-            return;
-        }
-        if pages::sole_holder(&self.map, self.member, page) && local.lease.len() < self.lease_high {
-            local.lease.push(page);
-        } else if let Err(e) = pages::release(&self.map, self.member, page) {
-            tracing::error!("netless-pool: {e}");
-        }
-    }
-
-    fn refill(&self, local: &mut Local, need: usize) -> Result<(), PoolError> {
-        if local.lease.len() >= need {
-            return Ok(());
-        }
-        let target = need.max((self.lease_low + self.lease_high) / 2);
-        let want = target - local.lease.len();
-        // First fit: the lowest free pages were most likely used before, so they are already
-        // faulted in (a page of the memfd costs a fault and zeroing on first touch).
-        let mut cursor = 0;
-        pages::claim_batch(&self.map, self.member, want, &mut cursor, &mut local.lease);
-        if local.lease.len() < need {
-            return Err(PoolError::Exhausted(format!(
-                "needed {need} free pages, the pool of {} pages has only {} free: free \
-                 buffers, or give the domain a bigger pool",
-                self.map.npages(),
-                pages::free_count(&self.map) + local.lease.len()
-            )));
-        }
-        Ok(())
-    }
-
-    fn trim_lease(&self, local: &mut Local) {
-        if local.lease.len() > self.lease_high {
-            let keep = (self.lease_low + self.lease_high) / 2;
-            for page in local.lease.drain(keep..) {
-                pages::release_sole(&self.map, self.member, page);
-            }
-        }
-    }
-
-    /// A page from the lease with one local use.
-    fn fresh_page(&self, local: &mut Local) -> Result<u32, PoolError> {
-        if local.lease.len() < self.lease_low {
-            // Below the low mark: refill in a batch, but a short pool only fails when empty.
-            let _ = self.refill(local, 1);
-        }
-        let page = local.lease.pop().ok_or_else(|| {
-            PoolError::Exhausted(format!(
-                "no free page left in the pool of {} pages: free buffers, or give the domain \
-                 a bigger pool",
-                self.map.npages()
-            ))
-        })?;
-        local.counts[page as usize] = 1;
-        Ok(page)
-    }
-
     pub(crate) fn alloc_pages(&self, len: usize) -> Result<Vec<u32>, PoolError> {
-        if len > MAX_REF_BYTES {
-            return Err(PoolError::Config(format!(
-                "a buffer of {len} bytes exceeds the largest of {MAX_REF_BYTES} bytes"
-            )));
-        }
-        let n = len.div_ceil(PAGE_SIZE);
-        let mut local = self.local();
-        if n == 1 {
-            return Ok(vec![self.fresh_page(&mut local)?]);
-        }
-        if n > 1 {
-            // First fit, as for leases: reuse warm pages.
-            let mut cursor = 0;
-            let run = pages::claim_run(&self.map, self.member, n, &mut cursor);
-            if let Some(first) = run {
-                let pages: Vec<u32> = (first..first + n as u32).collect();
-                for &p in &pages {
-                    local.counts[p as usize] = 1;
-                }
-                return Ok(pages);
-            }
-        }
-        // No contiguous run: any pages will do (reads then go page by page).
-        self.refill(&mut local, n)?;
-        let at = local.lease.len() - n;
-        let pages: Vec<u32> = local.lease.drain(at..).collect();
-        for &p in &pages {
-            local.counts[p as usize] = 1;
-        }
-        Ok(pages)
+        self.local().ledger.alloc_pages(len)
     }
 
     pub(crate) fn release_pages(&self, pages: &[u32]) {
         let mut local = self.local();
-        for &p in pages {
-            self.unuse_page(&mut local, p);
-        }
+        local.ledger.unuse_pages(pages);
         // Refs mapped since the last call release their pages here too (collect trims).
         self.collect(&mut local, Collect::Some(COLLECT_BUDGET));
-    }
-
-    /// Makes page `i` of `pages` private (copying it if shared) and returns it.
-    /// `keep` is how many leading bytes of the old page must survive (0 for a full overwrite).
-    fn private_page(&self, pages: &mut [u32], i: usize, keep: usize) -> Result<u32, PoolError> {
-        let old = pages[i];
-        let mut local = self.local();
-        if local.counts[old as usize] == 1 && pages::sole_holder(&self.map, self.member, old) {
-            return Ok(old);
-        }
-        let new = self.fresh_page(&mut local)?;
-        if keep > 0 {
-            // SAFETY: both pages are in bounds (indexes from our ledger); `new` is ours alone
-            // (fresh from the lease), `old` is only read; they are distinct pages.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.map.page_ptr(old), self.map.page_ptr(new), keep)
-            };
-            self.row()
-                .bytes_copied
-                .fetch_add(keep as u64, Ordering::Relaxed);
-        }
-        self.row().pages_copied.fetch_add(1, Ordering::Relaxed);
-        self.unuse_page(&mut local, old);
-        pages[i] = new;
-        Ok(new)
     }
 
     pub(crate) fn write(
@@ -530,7 +381,7 @@ impl Inner {
             } else {
                 page_len
             };
-            let page = self.private_page(pages, i, keep)?;
+            let page = self.local().ledger.private_page(pages, i, keep)?;
             // SAFETY: `page` is in bounds and ours alone with one use (the buffer the caller
             // borrows mutably); [in_page, in_page + n) lies within the page.
             unsafe {
@@ -584,13 +435,9 @@ impl Inner {
         self.collect(&mut local, Collect::All);
         let handles: Vec<_> = local.handles.drain().collect();
         for (_, (pages, _)) in handles {
-            for p in pages {
-                self.unuse_page(&mut local, p);
-            }
+            local.ledger.unuse_pages(&pages);
         }
-        for page in std::mem::take(&mut local.lease) {
-            pages::release_sole(&self.map, self.member, page);
-        }
+        local.ledger.release_lease();
         // Anything still marked ours (outstanding slots overwritten by others) goes too.
         crate::members::release_member(&self.map, self.member, true);
     }

@@ -5,8 +5,8 @@
 //! so a Ref maps once. The creator keeps its hold on the pages until it sees its slot taken
 //! (collection) or revokes it, and then frees the slot.
 //!
-//! This module changes which pages this process holds only through its ledger (`domain`: a
-//! use more, a use less, a fresh page from the lease); the slots of a creator that died are
+//! This module changes which pages this process holds only through its ledger (`page_ledger`:
+//! a use more, a use less, a fresh page from the lease); the slots of a creator that died are
 //! freed by its reaper (`members`), not here.
 
 use std::sync::atomic::Ordering;
@@ -64,18 +64,10 @@ impl Inner {
             )));
         }
         // Count the uses first, so an overflow leaves nothing half-done.
-        for (k, &p) in data_pages.iter().enumerate() {
-            if let Err(e) = self.use_page(local, p) {
-                for &q in &data_pages[..k] {
-                    self.unuse_page(local, q);
-                }
-                return Err(e);
-            }
-        }
+        local.ledger.use_pages(data_pages)?;
         let undo = |local: &mut Local, tables: &[u32]| {
-            for &q in data_pages.iter().chain(tables) {
-                self.unuse_page(local, q);
-            }
+            local.ledger.unuse_pages(data_pages);
+            local.ledger.unuse_pages(tables);
         };
         let Some((slot, generation)) = self.claim_slot(local) else {
             undo(local, &[]);
@@ -88,7 +80,7 @@ impl Inner {
         let s = &self.map.slots()[slot as usize];
         let mut tables = Vec::with_capacity(ntables);
         for t in 0..ntables {
-            let page = match self.fresh_page(local) {
+            let page = match local.ledger.fresh_page() {
                 Ok(p) => p,
                 Err(e) => {
                     undo(local, &tables);
@@ -219,14 +211,12 @@ impl Inner {
                 false
             };
             if done {
-                for &p in &o.pages {
-                    self.unuse_page(local, p);
-                }
+                local.ledger.unuse_pages(&o.pages);
             } else {
                 local.outstanding.push_back(o);
             }
         }
-        self.trim_lease(local);
+        local.ledger.trim_lease();
     }
 
     pub(super) fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
@@ -251,9 +241,7 @@ impl Inner {
             s.state.store(free, Ordering::Release);
         }
         let o = local.outstanding.remove(at).expect("index in range");
-        for p in o.pages {
-            self.unuse_page(&mut local, p);
-        }
+        local.ledger.unuse_pages(&o.pages);
         if mapped {
             return Err(PoolError::RefGone("it was mapped already".into()));
         }
@@ -347,14 +335,7 @@ impl Inner {
             return Err(invalid(format!("page {bad} is not its creator's")));
         }
         let mut local = self.local();
-        for (k, &p) in list.iter().enumerate() {
-            if let Err(e) = self.use_page(&mut local, p) {
-                for &q in &list[..k] {
-                    self.unuse_page(&mut local, q);
-                }
-                return Err(e);
-            }
-        }
+        local.ledger.use_pages(&list)?;
         // The slot must still be the one we validated: then its creator still held every page
         // when we added ourselves, and the pages are the ones it shared.
         let taken = slot_word(generation, creator, slot_state::TAKEN);
@@ -362,9 +343,7 @@ impl Inner {
             .compare_exchange(word, taken, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
         {
-            for &q in &list {
-                self.unuse_page(&mut local, q);
-            }
+            local.ledger.unuse_pages(&list);
             return Err(PoolError::RefGone(
                 "it was revoked (or mapped) while this process mapped it".into(),
             ));
