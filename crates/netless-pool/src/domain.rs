@@ -2,7 +2,7 @@
 //! built on its page ledger (`page_ledger`: which pages it uses, its lease, copy-on-write) and
 //! on the Ref slots (`ref_slots`: the Refs it creates and maps).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,7 +15,7 @@ mod page_ledger;
 mod ref_slots;
 
 use page_ledger::PageLedger;
-use ref_slots::{Collect, Outstanding, COLLECT_BUDGET};
+use ref_slots::{Collect, CreatedRefs, ValidatedSlot, COLLECT_BUDGET};
 
 /// Most uses of one page by one process (buffers plus outstanding Refs).
 pub const MAX_LOCAL_REFS: u32 = 4096;
@@ -106,14 +106,12 @@ pub(crate) struct Inner {
     pub(crate) member: usize,
     pub(crate) name: String,
     local: Mutex<Local>,
-    ref_ttl: Duration,
     link: Mutex<Option<Link>>,
 }
 
 struct Local {
     ledger: PageLedger,
-    slot_cursor: usize,
-    outstanding: VecDeque<Outstanding>,
+    created_refs: CreatedRefs,
     handles: HashMap<u64, (Vec<u32>, usize)>,
     next_handle: u64,
 }
@@ -134,14 +132,12 @@ impl Domain {
                 name: config.name.clone(),
                 local: Mutex::new(Local {
                     ledger: PageLedger::new(map.clone(), member, config),
-                    slot_cursor: member * 64,
-                    outstanding: VecDeque::new(),
+                    created_refs: CreatedRefs::new(map.clone(), member, config.ref_ttl),
                     handles: HashMap::new(),
                     next_handle: 1,
                 }),
                 map,
                 member,
-                ref_ttl: config.ref_ttl,
                 link: Mutex::new(link),
             }),
         }
@@ -228,8 +224,8 @@ impl Domain {
     /// Frees this process's hold on Refs that were mapped since the last call (creating a Ref
     /// does this too), and revokes Refs older than the configured TTL.
     pub fn collect(&self) {
-        let mut local = self.inner.local();
-        self.inner.collect(&mut local, Collect::Full);
+        let local = &mut *self.inner.local();
+        local.created_refs.collect(&mut local.ledger, Collect::Full);
     }
 
     /// Pool and process statistics (counting free pages scans the page words).
@@ -243,7 +239,7 @@ impl Domain {
             held_pages: pages::held_by(&inner.map, inner.member),
             leased_pages: local.ledger.leased_pages(),
             members: crate::members::live_count(&inner.map),
-            outstanding_refs: local.outstanding.len(),
+            outstanding_refs: local.created_refs.outstanding(),
             bytes_copied: row.bytes_copied.load(Ordering::Relaxed),
             pages_copied: row.pages_copied.load(Ordering::Relaxed),
         }
@@ -283,7 +279,7 @@ impl Domain {
     pub fn create_ref(&self, addr: RAddr, size: usize) -> Result<Ref, PoolError> {
         // One lock for the lookup and the Ref, so a concurrent rfree or rwrite of `addr`
         // cannot release the pages in between.
-        let mut local = self.inner.local();
+        let local = &mut *self.inner.local();
         let (pages, len) = local
             .handles
             .get(&addr.0)
@@ -296,7 +292,7 @@ impl Domain {
             });
         }
         let pages = pages[..size.div_ceil(PAGE_SIZE)].to_vec();
-        self.inner.create_ref_locked(&mut local, &pages, size)
+        local.created_refs.create(&mut local.ledger, &pages, size)
     }
 
     /// `map_ref(ref)`: maps a Ref and returns its address handle.
@@ -354,11 +350,34 @@ impl Inner {
         self.local().ledger.alloc_pages(len)
     }
 
+    pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {
+        let local = &mut *self.local();
+        local
+            .created_refs
+            .create(&mut local.ledger, data_pages, len)
+    }
+
+    /// Maps a Ref (created by process `from_pid`, if given): its slot is validated without the
+    /// lock, then taken under it.
+    pub(crate) fn map_ref(&self, r: &Ref, from_pid: Option<u32>) -> Result<Vec<u32>, PoolError> {
+        let slot = ValidatedSlot::read(&self.map, r, from_pid)?;
+        let pages = slot.take(&mut self.local().ledger)?;
+        self.row().refs_mapped.fetch_add(1, Ordering::Relaxed);
+        Ok(pages)
+    }
+
+    fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
+        let local = &mut *self.local();
+        local.created_refs.revoke(&mut local.ledger, r)
+    }
+
     pub(crate) fn release_pages(&self, pages: &[u32]) {
-        let mut local = self.local();
+        let local = &mut *self.local();
         local.ledger.unuse_pages(pages);
         // Refs mapped since the last call release their pages here too (collect trims).
-        self.collect(&mut local, Collect::Some(COLLECT_BUDGET));
+        local
+            .created_refs
+            .collect(&mut local.ledger, Collect::Some(COLLECT_BUDGET));
     }
 
     pub(crate) fn write(
@@ -431,8 +450,8 @@ impl Inner {
 
     /// Gives back everything this process holds, then its member row.
     fn leave(&self) {
-        let mut local = self.local();
-        self.collect(&mut local, Collect::All);
+        let local = &mut *self.local();
+        local.created_refs.collect(&mut local.ledger, Collect::All);
         let handles: Vec<_> = local.handles.drain().collect();
         for (_, (pages, _)) in handles {
             local.ledger.unuse_pages(&pages);
