@@ -112,13 +112,63 @@ pub(crate) struct Inner {
 struct Local {
     ledger: PageLedger,
     created_refs: CreatedRefs,
-    handles: HashMap<u64, (Vec<u32>, usize)>,
-    next_handle: u64,
+    raddrs: RAddrTable,
 }
 
 /// A DmRPC-style handle to a buffer allocated with [`Domain::ralloc`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RAddr(pub u64);
+
+/// The buffers of the DmRPC calls, by their [`RAddr`]: pages (one local use each) and length.
+struct RAddrTable {
+    buffers: HashMap<u64, (Vec<u32>, usize)>,
+    /// Numbers the next address (shifted left 12 bits).
+    next: u64,
+}
+
+impl RAddrTable {
+    fn new() -> RAddrTable {
+        RAddrTable {
+            buffers: HashMap::new(),
+            next: 1,
+        }
+    }
+
+    /// Files a buffer under a new address.
+    fn insert(&mut self, pages: Vec<u32>, len: usize) -> RAddr {
+        let id = self.next << 12;
+        self.next += 1;
+        self.buffers.insert(id, (pages, len));
+        RAddr(id)
+    }
+
+    /// The pages and length of the buffer at `addr`.
+    fn get(&self, addr: RAddr) -> Result<(&[u32], usize), PoolError> {
+        let (pages, len) = self
+            .buffers
+            .get(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))?;
+        Ok((pages, *len))
+    }
+
+    /// Takes the buffer at `addr` out of the table (to free it, or to write it and
+    /// [`RAddrTable::put_back`]).
+    fn remove(&mut self, addr: RAddr) -> Result<(Vec<u32>, usize), PoolError> {
+        self.buffers
+            .remove(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))
+    }
+
+    /// Files a buffer taken with [`RAddrTable::remove`] under its address again.
+    fn put_back(&mut self, addr: RAddr, pages: Vec<u32>, len: usize) {
+        self.buffers.insert(addr.0, (pages, len));
+    }
+
+    /// Empties the table, returning every buffer's pages.
+    fn take_all(&mut self) -> Vec<Vec<u32>> {
+        self.buffers.drain().map(|(_, (pages, _))| pages).collect()
+    }
+}
 
 impl Domain {
     pub(crate) fn from_parts(
@@ -133,8 +183,7 @@ impl Domain {
                 local: Mutex::new(Local {
                     ledger: PageLedger::new(map.clone(), member, config),
                     created_refs: CreatedRefs::new(map.clone(), member, config.ref_ttl),
-                    handles: HashMap::new(),
-                    next_handle: 1,
+                    raddrs: RAddrTable::new(),
                 }),
                 map,
                 member,
@@ -256,7 +305,7 @@ impl Domain {
     /// `ralloc(size)`: allocates a buffer and returns its address handle.
     pub fn ralloc(&self, size: usize) -> Result<RAddr, PoolError> {
         let pages = self.inner.alloc_pages(size)?;
-        Ok(self.inner.new_handle(pages, size))
+        Ok(self.inner.local().raddrs.insert(pages, size))
     }
 
     /// `rfree(addr)`: frees a buffer from [`Domain::ralloc`] or [`Domain::map_ref`].
@@ -264,12 +313,7 @@ impl Domain {
     /// # Errors
     /// [`PoolError::DoubleFree`] if `addr` was already freed or never allocated.
     pub fn rfree(&self, addr: RAddr) -> Result<(), PoolError> {
-        let (pages, _) = self
-            .inner
-            .local()
-            .handles
-            .remove(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
+        let (pages, _) = self.inner.local().raddrs.remove(addr)?;
         self.inner.release_pages(&pages);
         Ok(())
     }
@@ -280,15 +324,12 @@ impl Domain {
         // One lock for the lookup and the Ref, so a concurrent rfree or rwrite of `addr`
         // cannot release the pages in between.
         let local = &mut *self.inner.local();
-        let (pages, len) = local
-            .handles
-            .get(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
-        if size > *len {
+        let (pages, len) = local.raddrs.get(addr)?;
+        if size > len {
             return Err(PoolError::OutOfBounds {
                 offset: 0,
                 len: size,
-                size: *len,
+                size: len,
             });
         }
         let pages = pages[..size.div_ceil(PAGE_SIZE)].to_vec();
@@ -298,29 +339,21 @@ impl Domain {
     /// `map_ref(ref)`: maps a Ref and returns its address handle.
     pub fn map_ref(&self, r: &Ref) -> Result<RAddr, PoolError> {
         let pages = self.inner.map_ref(r, None)?;
-        Ok(self.inner.new_handle(pages, r.len()))
+        Ok(self.inner.local().raddrs.insert(pages, r.len()))
     }
 
     /// `rread(addr, offset, out)`: copies bytes out of a buffer.
     pub fn rread(&self, addr: RAddr, offset: usize, out: &mut [u8]) -> Result<(), PoolError> {
         let local = self.inner.local();
-        let (pages, len) = local
-            .handles
-            .get(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
-        self.inner.read(pages, *len, offset, out)
+        let (pages, len) = local.raddrs.get(addr)?;
+        self.inner.read(pages, len, offset, out)
     }
 
     /// `rwrite(addr, offset, data)`: copies bytes into a buffer, copying shared pages first.
     pub fn rwrite(&self, addr: RAddr, offset: usize, data: &[u8]) -> Result<(), PoolError> {
-        let (mut pages, len) = self
-            .inner
-            .local()
-            .handles
-            .remove(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
+        let (mut pages, len) = self.inner.local().raddrs.remove(addr)?;
         let result = self.inner.write(&mut pages, len, offset, data);
-        self.inner.local().handles.insert(addr.0, (pages, len));
+        self.inner.local().raddrs.put_back(addr, pages, len);
         result
     }
 }
@@ -336,14 +369,6 @@ impl Inner {
 
     fn row(&self) -> &crate::layout::MemberRow {
         &self.map.members()[self.member]
-    }
-
-    fn new_handle(&self, pages: Vec<u32>, len: usize) -> RAddr {
-        let mut local = self.local();
-        let id = local.next_handle << 12;
-        local.next_handle += 1;
-        local.handles.insert(id, (pages, len));
-        RAddr(id)
     }
 
     pub(crate) fn alloc_pages(&self, len: usize) -> Result<Vec<u32>, PoolError> {
@@ -452,8 +477,7 @@ impl Inner {
     fn leave(&self) {
         let local = &mut *self.local();
         local.created_refs.collect(&mut local.ledger, Collect::All);
-        let handles: Vec<_> = local.handles.drain().collect();
-        for (_, (pages, _)) in handles {
+        for pages in local.raddrs.take_all() {
             local.ledger.unuse_pages(&pages);
         }
         local.ledger.release_lease();
