@@ -1,6 +1,12 @@
-//! A process's membership of a domain: its buffers, the DmRPC calls, and the pool operations
-//! built on its page ledger (`page_ledger`: which pages it uses, its lease, copy-on-write) and
-//! on the Ref slots (`ref_slots`: the Refs it creates and maps).
+//! A process's membership of a domain: [`Domain`], the handle every pool operation goes
+//! through, and `Membership`, which its clones and buffers share: the pool, the member row,
+//! the link to the coordinator and, under one lock, what the process holds: its page ledger
+//! (`page_ledger`: which pages it uses, its lease, copy-on-write), the Refs it created
+//! (`ref_slots`, which also maps Refs) and its DmRPC buffers (`RAddrTable`). Buffer bytes are
+//! read and written here.
+//!
+//! This module never writes a Ref slot or a page's holder bits itself: `ref_slots`, the ledger
+//! and, when the process leaves, `members` do.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -88,30 +94,41 @@ pub struct PoolStats {
 /// leaves the domain (releasing everything it holds) when the last clone and buffer drop.
 #[derive(Clone)]
 pub struct Domain {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) membership: Arc<Membership>,
 }
 
 impl std::fmt::Debug for Domain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Domain")
-            .field("name", &self.inner.name)
-            .field("id", &format_args!("{:016x}", self.inner.map.domain_id()))
-            .field("member", &self.inner.member)
+            .field("name", &self.membership.name)
+            .field(
+                "id",
+                &format_args!("{:016x}", self.membership.map.domain_id()),
+            )
+            .field("member", &self.membership.member)
             .finish()
     }
 }
 
-pub(crate) struct Inner {
+/// This process's membership of a domain, shared by its [`Domain`] clones and buffers: the
+/// pool, its member row, what it holds, and its link to the coordinator. Dropping it leaves
+/// the domain.
+pub(crate) struct Membership {
     pub(crate) map: Arc<PoolMap>,
     pub(crate) member: usize,
     pub(crate) name: String,
-    local: Mutex<Local>,
+    holdings: Mutex<Holdings>,
     link: Mutex<Option<Link>>,
 }
 
-struct Local {
+/// What this process holds in the pool, under one lock: every operation that changes a page's
+/// uses takes it once.
+struct Holdings {
+    /// Its uses of each page and its lease of free pages.
     ledger: PageLedger,
+    /// The Refs it created and has not yet seen mapped or revoked.
     created_refs: CreatedRefs,
+    /// Its buffers of the DmRPC calls.
     raddrs: RAddrTable,
 }
 
@@ -178,9 +195,9 @@ impl Domain {
         link: Option<Link>,
     ) -> Domain {
         Domain {
-            inner: Arc::new(Inner {
+            membership: Arc::new(Membership {
                 name: config.name.clone(),
-                local: Mutex::new(Local {
+                holdings: Mutex::new(Holdings {
                     ledger: PageLedger::new(map.clone(), member, config),
                     created_refs: CreatedRefs::new(map.clone(), member, config.ref_ttl),
                     raddrs: RAddrTable::new(),
@@ -194,22 +211,22 @@ impl Domain {
 
     /// The domain's name.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        &self.membership.name
     }
 
     /// The domain's id: Refs minted here carry it.
     pub fn id(&self) -> u64 {
-        self.inner.map.domain_id()
+        self.membership.map.domain_id()
     }
 
     /// This process's member index (its bit in the page words).
     pub fn member(&self) -> usize {
-        self.inner.member
+        self.membership.member
     }
 
     /// Whether this process currently coordinates the domain (serves its socket).
     pub fn is_coordinator(&self) -> bool {
-        lock(&self.inner.link)
+        lock(&self.membership.link)
             .as_ref()
             .is_some_and(|l| l.is_coordinator())
     }
@@ -222,7 +239,7 @@ impl Domain {
     /// [`PoolError::Exhausted`] if the pool has too few free pages;
     /// [`PoolError::Config`] if `len` exceeds [`crate::MAX_REF_BYTES`].
     pub fn alloc(&self, len: usize) -> Result<SharedBuf, PoolError> {
-        let pages = self.inner.alloc_pages(len)?;
+        let pages = self.membership.alloc_pages(len)?;
         Ok(SharedBuf::new(self.clone(), pages, len))
     }
 
@@ -242,7 +259,7 @@ impl Domain {
     /// forged or corrupt one; [`PoolError::RefGone`] if it was already mapped, revoked, or its
     /// creator exited; [`PoolError::CountOverflow`].
     pub fn map(&self, r: &Ref) -> Result<SharedBuf, PoolError> {
-        let pages = self.inner.map_ref(r, None)?;
+        let pages = self.membership.map_ref(r, None)?;
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
     }
 
@@ -253,13 +270,13 @@ impl Domain {
     /// # Errors
     /// As [`Domain::map`], and [`PoolError::InvalidRef`] if another process created it.
     pub fn map_from(&self, r: &Ref, pid: u32) -> Result<SharedBuf, PoolError> {
-        let pages = self.inner.map_ref(r, Some(pid))?;
+        let pages = self.membership.map_ref(r, Some(pid))?;
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
     }
 
     /// Whether process `pid` is a live member of this domain.
     pub fn has_member(&self, pid: u32) -> bool {
-        crate::members::has_live_pid(&self.inner.map, pid)
+        crate::members::has_live_pid(&self.membership.map, pid)
     }
 
     /// Revokes a Ref this process created and nobody mapped: its hold on the pages ends.
@@ -267,28 +284,30 @@ impl Domain {
     /// # Errors
     /// [`PoolError::RefGone`] if it was mapped or revoked already, or is not ours.
     pub fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
-        self.inner.revoke(r)
+        self.membership.revoke(r)
     }
 
     /// Frees this process's hold on Refs that were mapped since the last call (creating a Ref
     /// does this too), and revokes Refs older than the configured TTL.
     pub fn collect(&self) {
-        let local = &mut *self.inner.local();
-        local.created_refs.collect(&mut local.ledger, Collect::Full);
+        let holdings = &mut *self.membership.holdings();
+        holdings
+            .created_refs
+            .collect(&mut holdings.ledger, Collect::Full);
     }
 
     /// Pool and process statistics (counting free pages scans the page words).
     pub fn stats(&self) -> PoolStats {
-        let inner = &self.inner;
-        let local = inner.local();
-        let row = &inner.map.members()[inner.member];
+        let membership = &self.membership;
+        let holdings = membership.holdings();
+        let row = &membership.map.members()[membership.member];
         PoolStats {
-            pages: inner.map.npages() as usize,
-            free_pages: pages::free_count(&inner.map),
-            held_pages: pages::held_by(&inner.map, inner.member),
-            leased_pages: local.ledger.leased_pages(),
-            members: crate::members::live_count(&inner.map),
-            outstanding_refs: local.created_refs.outstanding(),
+            pages: membership.map.npages() as usize,
+            free_pages: pages::free_count(&membership.map),
+            held_pages: pages::held_by(&membership.map, membership.member),
+            leased_pages: holdings.ledger.leased_pages(),
+            members: crate::members::live_count(&membership.map),
+            outstanding_refs: holdings.created_refs.outstanding(),
             bytes_copied: row.bytes_copied.load(Ordering::Relaxed),
             pages_copied: row.pages_copied.load(Ordering::Relaxed),
         }
@@ -297,15 +316,15 @@ impl Domain {
     /// Releases the pool references of members that died, at once (the coordinator does this
     /// when it sees a member's socket close). Returns how many members were reaped.
     pub fn reap_dead(&self) -> usize {
-        crate::members::reap_dead_members(&self.inner.map, Some(self.inner.member))
+        crate::members::reap_dead_members(&self.membership.map, Some(self.membership.member))
     }
 
     // ----- The DmRPC calls (DmRPC Table II), on top of the same machinery. -----
 
     /// `ralloc(size)`: allocates a buffer and returns its address handle.
     pub fn ralloc(&self, size: usize) -> Result<RAddr, PoolError> {
-        let pages = self.inner.alloc_pages(size)?;
-        Ok(self.inner.local().raddrs.insert(pages, size))
+        let pages = self.membership.alloc_pages(size)?;
+        Ok(self.membership.holdings().raddrs.insert(pages, size))
     }
 
     /// `rfree(addr)`: frees a buffer from [`Domain::ralloc`] or [`Domain::map_ref`].
@@ -313,8 +332,8 @@ impl Domain {
     /// # Errors
     /// [`PoolError::DoubleFree`] if `addr` was already freed or never allocated.
     pub fn rfree(&self, addr: RAddr) -> Result<(), PoolError> {
-        let (pages, _) = self.inner.local().raddrs.remove(addr)?;
-        self.inner.release_pages(&pages);
+        let (pages, _) = self.membership.holdings().raddrs.remove(addr)?;
+        self.membership.release_pages(&pages);
         Ok(())
     }
 
@@ -323,8 +342,8 @@ impl Domain {
     pub fn create_ref(&self, addr: RAddr, size: usize) -> Result<Ref, PoolError> {
         // One lock for the lookup and the Ref, so a concurrent rfree or rwrite of `addr`
         // cannot release the pages in between.
-        let local = &mut *self.inner.local();
-        let (pages, len) = local.raddrs.get(addr)?;
+        let holdings = &mut *self.membership.holdings();
+        let (pages, len) = holdings.raddrs.get(addr)?;
         if size > len {
             return Err(PoolError::OutOfBounds {
                 offset: 0,
@@ -333,27 +352,29 @@ impl Domain {
             });
         }
         let pages = pages[..size.div_ceil(PAGE_SIZE)].to_vec();
-        local.created_refs.create(&mut local.ledger, &pages, size)
+        holdings
+            .created_refs
+            .create(&mut holdings.ledger, &pages, size)
     }
 
     /// `map_ref(ref)`: maps a Ref and returns its address handle.
     pub fn map_ref(&self, r: &Ref) -> Result<RAddr, PoolError> {
-        let pages = self.inner.map_ref(r, None)?;
-        Ok(self.inner.local().raddrs.insert(pages, r.len()))
+        let pages = self.membership.map_ref(r, None)?;
+        Ok(self.membership.holdings().raddrs.insert(pages, r.len()))
     }
 
     /// `rread(addr, offset, out)`: copies bytes out of a buffer.
     pub fn rread(&self, addr: RAddr, offset: usize, out: &mut [u8]) -> Result<(), PoolError> {
-        let local = self.inner.local();
-        let (pages, len) = local.raddrs.get(addr)?;
-        self.inner.read(pages, len, offset, out)
+        let holdings = self.membership.holdings();
+        let (pages, len) = holdings.raddrs.get(addr)?;
+        self.membership.read(pages, len, offset, out)
     }
 
     /// `rwrite(addr, offset, data)`: copies bytes into a buffer, copying shared pages first.
     pub fn rwrite(&self, addr: RAddr, offset: usize, data: &[u8]) -> Result<(), PoolError> {
-        let (mut pages, len) = self.inner.local().raddrs.remove(addr)?;
-        let result = self.inner.write(&mut pages, len, offset, data);
-        self.inner.local().raddrs.put_back(addr, pages, len);
+        let (mut pages, len) = self.membership.holdings().raddrs.remove(addr)?;
+        let result = self.membership.write(&mut pages, len, offset, data);
+        self.membership.holdings().raddrs.put_back(addr, pages, len);
         result
     }
 }
@@ -362,9 +383,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Inner {
-    fn local(&self) -> MutexGuard<'_, Local> {
-        lock(&self.local)
+impl Membership {
+    fn holdings(&self) -> MutexGuard<'_, Holdings> {
+        lock(&self.holdings)
     }
 
     fn row(&self) -> &crate::layout::MemberRow {
@@ -372,37 +393,37 @@ impl Inner {
     }
 
     pub(crate) fn alloc_pages(&self, len: usize) -> Result<Vec<u32>, PoolError> {
-        self.local().ledger.alloc_pages(len)
+        self.holdings().ledger.alloc_pages(len)
     }
 
     pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {
-        let local = &mut *self.local();
-        local
+        let holdings = &mut *self.holdings();
+        holdings
             .created_refs
-            .create(&mut local.ledger, data_pages, len)
+            .create(&mut holdings.ledger, data_pages, len)
     }
 
     /// Maps a Ref (created by process `from_pid`, if given): its slot is validated without the
     /// lock, then taken under it.
     pub(crate) fn map_ref(&self, r: &Ref, from_pid: Option<u32>) -> Result<Vec<u32>, PoolError> {
         let slot = ValidatedSlot::read(&self.map, r, from_pid)?;
-        let pages = slot.take(&mut self.local().ledger)?;
+        let pages = slot.take(&mut self.holdings().ledger)?;
         self.row().refs_mapped.fetch_add(1, Ordering::Relaxed);
         Ok(pages)
     }
 
     fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
-        let local = &mut *self.local();
-        local.created_refs.revoke(&mut local.ledger, r)
+        let holdings = &mut *self.holdings();
+        holdings.created_refs.revoke(&mut holdings.ledger, r)
     }
 
     pub(crate) fn release_pages(&self, pages: &[u32]) {
-        let local = &mut *self.local();
-        local.ledger.unuse_pages(pages);
+        let holdings = &mut *self.holdings();
+        holdings.ledger.unuse_pages(pages);
         // Refs mapped since the last call release their pages here too (collect trims).
-        local
+        holdings
             .created_refs
-            .collect(&mut local.ledger, Collect::Some(COLLECT_BUDGET));
+            .collect(&mut holdings.ledger, Collect::Some(COLLECT_BUDGET));
     }
 
     pub(crate) fn write(
@@ -425,7 +446,7 @@ impl Inner {
             } else {
                 page_len
             };
-            let page = self.local().ledger.private_page(pages, i, keep)?;
+            let page = self.holdings().ledger.private_page(pages, i, keep)?;
             // SAFETY: `page` is in bounds and ours alone with one use (the buffer the caller
             // borrows mutably); [in_page, in_page + n) lies within the page.
             unsafe {
@@ -475,12 +496,14 @@ impl Inner {
 
     /// Gives back everything this process holds, then its member row.
     fn leave(&self) {
-        let local = &mut *self.local();
-        local.created_refs.collect(&mut local.ledger, Collect::All);
-        for pages in local.raddrs.take_all() {
-            local.ledger.unuse_pages(&pages);
+        let holdings = &mut *self.holdings();
+        holdings
+            .created_refs
+            .collect(&mut holdings.ledger, Collect::All);
+        for pages in holdings.raddrs.take_all() {
+            holdings.ledger.unuse_pages(&pages);
         }
-        local.ledger.release_lease();
+        holdings.ledger.release_lease();
         // Anything still marked ours (outstanding slots overwritten by others) goes too.
         crate::members::release_member(&self.map, self.member, true);
     }
@@ -493,7 +516,7 @@ fn check_range(offset: usize, len: usize, size: usize) -> Result<(), PoolError> 
     Ok(())
 }
 
-impl Drop for Inner {
+impl Drop for Membership {
     fn drop(&mut self) {
         self.leave();
         if let Some(link) = lock(&self.link).take() {
