@@ -74,7 +74,10 @@ pub(crate) fn client_config(dir: &Path) -> ClientConfig {
 /// without copying it, via `reply_with`); `Fail` returns NOT_FOUND;
 /// `Slow` sleeps for the number of milliseconds in its payload (u64 LE) then echoes; `Big`
 /// returns as many bytes as its payload says (u64 LE).
-pub(crate) fn test_handler<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+pub(crate) fn test_handler<'a>(
+    req: &Request<'a>,
+    resp: &mut ResponseBuilder<'a>,
+) -> Result<(), Status> {
     let number = || {
         req.payload
             .get(..8)
