@@ -73,13 +73,13 @@ impl SharedBuf {
         // SAFETY: pages [first, first + n) are in bounds and held while `self` is borrowed,
         // and len <= n * PAGE_SIZE, so the slice lies inside the mapping.
         contiguous.then(|| unsafe {
-            std::slice::from_raw_parts(self.domain.inner.map.page_ptr(first), self.len)
+            std::slice::from_raw_parts(self.domain.membership.map.page_ptr(first), self.len)
         })
     }
 
     /// The buffer's bytes page by page, borrowed from the pool (no copy).
     pub fn chunks(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        let map = &self.domain.inner.map;
+        let map = &self.domain.membership.map;
         self.pages.iter().enumerate().map(move |(i, &p)| {
             let n = (self.len - i * PAGE_SIZE).min(PAGE_SIZE);
             // SAFETY: as in `as_slice`, for one page.
@@ -89,14 +89,16 @@ impl SharedBuf {
 
     /// Copies `out.len()` bytes from `offset` (`rread`).
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), PoolError> {
-        self.domain.inner.read(&self.pages, self.len, offset, out)
+        self.domain
+            .membership
+            .read(&self.pages, self.len, offset, out)
     }
 
     /// Copies `data` in at `offset` (`rwrite`), copying first any touched page that is
     /// shared.
     pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), PoolError> {
         self.domain
-            .inner
+            .membership
             .write(&mut self.pages, self.len, offset, data)
     }
 
@@ -113,7 +115,7 @@ impl SharedBuf {
     /// (`create_ref`). Costs a ref slot and one page-table page per 4 MiB, never a data copy;
     /// from now on a write by either side copies the page it touches.
     pub fn share(&self) -> Result<Ref, PoolError> {
-        self.domain.inner.create_ref(&self.pages, self.len)
+        self.domain.membership.create_ref(&self.pages, self.len)
     }
 
     /// Pool page indexes of the buffer (for diagnostics).
@@ -124,6 +126,6 @@ impl SharedBuf {
 
 impl Drop for SharedBuf {
     fn drop(&mut self) {
-        self.domain.inner.release_pages(&self.pages);
+        self.domain.membership.release_pages(&self.pages);
     }
 }

@@ -1,25 +1,27 @@
-//! A process's membership of a domain: its ledger of page references, its lease of free pages,
-//! its buffers, and the pool operations built on them (the Refs it creates and maps are in
-//! `ref_slots`).
+//! A process's membership of a domain: [`Domain`], the handle every pool operation goes
+//! through, and `Membership`, which its clones and buffers share: the pool, the member row,
+//! the link to the coordinator and, under one lock, what the process holds: its page ledger
+//! (`page_ledger`: which pages it uses, its lease, copy-on-write), the Refs it created
+//! (`ref_slots`, which also maps Refs) and its DmRPC buffers (`RAddrTable`). Buffer bytes are
+//! read and written here.
 //!
-//! The shared pool records *which* members hold a page (one bit each); this module counts,
-//! privately, how many of this process's buffers and outstanding Refs use each page, and sets
-//! or clears the process's bit when that count leaves or reaches zero. A page may be written
-//! in place only when this process counts one use and is the page's only holder; otherwise a
-//! write copies it first (copy-on-write).
+//! This module never writes a Ref slot or a page's holder bits itself: `ref_slots`, the ledger
+//! and, when the process leaves, `members` do.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::coordinator::Link;
-use crate::layout::{PoolGeometry, PoolMap, MAX_REF_BYTES, PAGE_SIZE};
+use crate::layout::{PoolGeometry, PoolMap, PAGE_SIZE};
 use crate::{pages, PoolError, Ref, SharedBuf};
 
+mod page_ledger;
 mod ref_slots;
 
-use ref_slots::{Collect, Outstanding, COLLECT_BUDGET};
+use page_ledger::PageLedger;
+use ref_slots::{Collect, CreatedRefs, ValidatedSlot, COLLECT_BUDGET};
 
 /// Most uses of one page by one process (buffers plus outstanding Refs).
 pub const MAX_LOCAL_REFS: u32 = 4096;
@@ -92,42 +94,98 @@ pub struct PoolStats {
 /// leaves the domain (releasing everything it holds) when the last clone and buffer drop.
 #[derive(Clone)]
 pub struct Domain {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) membership: Arc<Membership>,
 }
 
 impl std::fmt::Debug for Domain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Domain")
-            .field("name", &self.inner.name)
-            .field("id", &format_args!("{:016x}", self.inner.map.domain_id()))
-            .field("member", &self.inner.member)
+            .field("name", &self.membership.name)
+            .field(
+                "id",
+                &format_args!("{:016x}", self.membership.map.domain_id()),
+            )
+            .field("member", &self.membership.member)
             .finish()
     }
 }
 
-pub(crate) struct Inner {
+/// This process's membership of a domain, shared by its [`Domain`] clones and buffers: the
+/// pool, its member row, what it holds, and its link to the coordinator. Dropping it leaves
+/// the domain.
+pub(crate) struct Membership {
     pub(crate) map: Arc<PoolMap>,
     pub(crate) member: usize,
     pub(crate) name: String,
-    local: Mutex<Local>,
-    lease_low: usize,
-    lease_high: usize,
-    ref_ttl: Duration,
+    holdings: Mutex<Holdings>,
     link: Mutex<Option<Link>>,
 }
 
-struct Local {
-    counts: Vec<u32>,
-    lease: Vec<u32>,
-    slot_cursor: usize,
-    outstanding: VecDeque<Outstanding>,
-    handles: HashMap<u64, (Vec<u32>, usize)>,
-    next_handle: u64,
+/// What this process holds in the pool, under one lock: every operation that changes a page's
+/// uses takes it once.
+struct Holdings {
+    /// Its uses of each page and its lease of free pages.
+    ledger: PageLedger,
+    /// The Refs it created and has not yet seen mapped or revoked.
+    created_refs: CreatedRefs,
+    /// Its buffers of the DmRPC calls.
+    raddrs: RAddrTable,
 }
 
 /// A DmRPC-style handle to a buffer allocated with [`Domain::ralloc`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RAddr(pub u64);
+
+/// The buffers of the DmRPC calls, by their [`RAddr`]: pages (one local use each) and length.
+struct RAddrTable {
+    buffers: HashMap<u64, (Vec<u32>, usize)>,
+    /// Numbers the next address (shifted left 12 bits).
+    next: u64,
+}
+
+impl RAddrTable {
+    fn new() -> RAddrTable {
+        RAddrTable {
+            buffers: HashMap::new(),
+            next: 1,
+        }
+    }
+
+    /// Files a buffer under a new address.
+    fn insert(&mut self, pages: Vec<u32>, len: usize) -> RAddr {
+        let id = self.next << 12;
+        self.next += 1;
+        self.buffers.insert(id, (pages, len));
+        RAddr(id)
+    }
+
+    /// The pages and length of the buffer at `addr`.
+    fn get(&self, addr: RAddr) -> Result<(&[u32], usize), PoolError> {
+        let (pages, len) = self
+            .buffers
+            .get(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))?;
+        Ok((pages, *len))
+    }
+
+    /// Takes the buffer at `addr` out of the table (to free it, or to write it and
+    /// [`RAddrTable::put_back`]).
+    fn remove(&mut self, addr: RAddr) -> Result<(Vec<u32>, usize), PoolError> {
+        self.buffers
+            .remove(&addr.0)
+            .ok_or(PoolError::DoubleFree(addr.0))
+    }
+
+    /// Files a buffer taken with [`RAddrTable::remove`] under its address again.
+    fn put_back(&mut self, addr: RAddr, pages: Vec<u32>, len: usize) {
+        self.buffers.insert(addr.0, (pages, len));
+    }
+
+    /// Empties the table, returning every buffer's pages.
+    fn take_all(&mut self) -> Vec<Vec<u32>> {
+        self.buffers.drain().map(|(_, (pages, _))| pages).collect()
+    }
+}
 
 impl Domain {
     pub(crate) fn from_parts(
@@ -136,23 +194,16 @@ impl Domain {
         config: &DomainConfig,
         link: Option<Link>,
     ) -> Domain {
-        let npages = map.npages() as usize;
         Domain {
-            inner: Arc::new(Inner {
+            membership: Arc::new(Membership {
+                name: config.name.clone(),
+                holdings: Mutex::new(Holdings {
+                    ledger: PageLedger::new(map.clone(), member, config),
+                    created_refs: CreatedRefs::new(map.clone(), member, config.ref_ttl),
+                    raddrs: RAddrTable::new(),
+                }),
                 map,
                 member,
-                name: config.name.clone(),
-                local: Mutex::new(Local {
-                    counts: vec![0; npages],
-                    lease: Vec::new(),
-                    slot_cursor: member * 64,
-                    outstanding: VecDeque::new(),
-                    handles: HashMap::new(),
-                    next_handle: 1,
-                }),
-                lease_low: config.lease_low.max(1),
-                lease_high: config.lease_high.max(config.lease_low.max(1) * 2),
-                ref_ttl: config.ref_ttl,
                 link: Mutex::new(link),
             }),
         }
@@ -160,22 +211,22 @@ impl Domain {
 
     /// The domain's name.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        &self.membership.name
     }
 
     /// The domain's id: Refs minted here carry it.
     pub fn id(&self) -> u64 {
-        self.inner.map.domain_id()
+        self.membership.map.domain_id()
     }
 
     /// This process's member index (its bit in the page words).
     pub fn member(&self) -> usize {
-        self.inner.member
+        self.membership.member
     }
 
     /// Whether this process currently coordinates the domain (serves its socket).
     pub fn is_coordinator(&self) -> bool {
-        lock(&self.inner.link)
+        lock(&self.membership.link)
             .as_ref()
             .is_some_and(|l| l.is_coordinator())
     }
@@ -188,7 +239,7 @@ impl Domain {
     /// [`PoolError::Exhausted`] if the pool has too few free pages;
     /// [`PoolError::Config`] if `len` exceeds [`crate::MAX_REF_BYTES`].
     pub fn alloc(&self, len: usize) -> Result<SharedBuf, PoolError> {
-        let pages = self.inner.alloc_pages(len)?;
+        let pages = self.membership.alloc_pages(len)?;
         Ok(SharedBuf::new(self.clone(), pages, len))
     }
 
@@ -208,7 +259,7 @@ impl Domain {
     /// forged or corrupt one; [`PoolError::RefGone`] if it was already mapped, revoked, or its
     /// creator exited; [`PoolError::CountOverflow`].
     pub fn map(&self, r: &Ref) -> Result<SharedBuf, PoolError> {
-        let pages = self.inner.map_ref(r, None)?;
+        let pages = self.membership.map_ref(r, None)?;
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
     }
 
@@ -219,13 +270,13 @@ impl Domain {
     /// # Errors
     /// As [`Domain::map`], and [`PoolError::InvalidRef`] if another process created it.
     pub fn map_from(&self, r: &Ref, pid: u32) -> Result<SharedBuf, PoolError> {
-        let pages = self.inner.map_ref(r, Some(pid))?;
+        let pages = self.membership.map_ref(r, Some(pid))?;
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
     }
 
     /// Whether process `pid` is a live member of this domain.
     pub fn has_member(&self, pid: u32) -> bool {
-        crate::members::has_live_pid(&self.inner.map, pid)
+        crate::members::has_live_pid(&self.membership.map, pid)
     }
 
     /// Revokes a Ref this process created and nobody mapped: its hold on the pages ends.
@@ -233,28 +284,30 @@ impl Domain {
     /// # Errors
     /// [`PoolError::RefGone`] if it was mapped or revoked already, or is not ours.
     pub fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
-        self.inner.revoke(r)
+        self.membership.revoke(r)
     }
 
     /// Frees this process's hold on Refs that were mapped since the last call (creating a Ref
     /// does this too), and revokes Refs older than the configured TTL.
     pub fn collect(&self) {
-        let mut local = self.inner.local();
-        self.inner.collect(&mut local, Collect::Full);
+        let holdings = &mut *self.membership.holdings();
+        holdings
+            .created_refs
+            .collect(&mut holdings.ledger, Collect::Full);
     }
 
     /// Pool and process statistics (counting free pages scans the page words).
     pub fn stats(&self) -> PoolStats {
-        let inner = &self.inner;
-        let local = inner.local();
-        let row = &inner.map.members()[inner.member];
+        let membership = &self.membership;
+        let holdings = membership.holdings();
+        let row = &membership.map.members()[membership.member];
         PoolStats {
-            pages: inner.map.npages() as usize,
-            free_pages: pages::free_count(&inner.map),
-            held_pages: pages::held_by(&inner.map, inner.member),
-            leased_pages: local.lease.len(),
-            members: crate::members::live_count(&inner.map),
-            outstanding_refs: local.outstanding.len(),
+            pages: membership.map.npages() as usize,
+            free_pages: pages::free_count(&membership.map),
+            held_pages: pages::held_by(&membership.map, membership.member),
+            leased_pages: holdings.ledger.leased_pages(),
+            members: crate::members::live_count(&membership.map),
+            outstanding_refs: holdings.created_refs.outstanding(),
             bytes_copied: row.bytes_copied.load(Ordering::Relaxed),
             pages_copied: row.pages_copied.load(Ordering::Relaxed),
         }
@@ -263,15 +316,15 @@ impl Domain {
     /// Releases the pool references of members that died, at once (the coordinator does this
     /// when it sees a member's socket close). Returns how many members were reaped.
     pub fn reap_dead(&self) -> usize {
-        crate::members::reap_dead_members(&self.inner.map, Some(self.inner.member))
+        crate::members::reap_dead_members(&self.membership.map, Some(self.membership.member))
     }
 
     // ----- The DmRPC calls (DmRPC Table II), on top of the same machinery. -----
 
     /// `ralloc(size)`: allocates a buffer and returns its address handle.
     pub fn ralloc(&self, size: usize) -> Result<RAddr, PoolError> {
-        let pages = self.inner.alloc_pages(size)?;
-        Ok(self.inner.new_handle(pages, size))
+        let pages = self.membership.alloc_pages(size)?;
+        Ok(self.membership.holdings().raddrs.insert(pages, size))
     }
 
     /// `rfree(addr)`: frees a buffer from [`Domain::ralloc`] or [`Domain::map_ref`].
@@ -279,13 +332,8 @@ impl Domain {
     /// # Errors
     /// [`PoolError::DoubleFree`] if `addr` was already freed or never allocated.
     pub fn rfree(&self, addr: RAddr) -> Result<(), PoolError> {
-        let (pages, _) = self
-            .inner
-            .local()
-            .handles
-            .remove(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
-        self.inner.release_pages(&pages);
+        let (pages, _) = self.membership.holdings().raddrs.remove(addr)?;
+        self.membership.release_pages(&pages);
         Ok(())
     }
 
@@ -294,48 +342,39 @@ impl Domain {
     pub fn create_ref(&self, addr: RAddr, size: usize) -> Result<Ref, PoolError> {
         // One lock for the lookup and the Ref, so a concurrent rfree or rwrite of `addr`
         // cannot release the pages in between.
-        let mut local = self.inner.local();
-        let (pages, len) = local
-            .handles
-            .get(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
-        if size > *len {
+        let holdings = &mut *self.membership.holdings();
+        let (pages, len) = holdings.raddrs.get(addr)?;
+        if size > len {
             return Err(PoolError::OutOfBounds {
                 offset: 0,
                 len: size,
-                size: *len,
+                size: len,
             });
         }
         let pages = pages[..size.div_ceil(PAGE_SIZE)].to_vec();
-        self.inner.create_ref_locked(&mut local, &pages, size)
+        holdings
+            .created_refs
+            .create(&mut holdings.ledger, &pages, size)
     }
 
     /// `map_ref(ref)`: maps a Ref and returns its address handle.
     pub fn map_ref(&self, r: &Ref) -> Result<RAddr, PoolError> {
-        let pages = self.inner.map_ref(r, None)?;
-        Ok(self.inner.new_handle(pages, r.len()))
+        let pages = self.membership.map_ref(r, None)?;
+        Ok(self.membership.holdings().raddrs.insert(pages, r.len()))
     }
 
     /// `rread(addr, offset, out)`: copies bytes out of a buffer.
     pub fn rread(&self, addr: RAddr, offset: usize, out: &mut [u8]) -> Result<(), PoolError> {
-        let local = self.inner.local();
-        let (pages, len) = local
-            .handles
-            .get(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
-        self.inner.read(pages, *len, offset, out)
+        let holdings = self.membership.holdings();
+        let (pages, len) = holdings.raddrs.get(addr)?;
+        self.membership.read(pages, len, offset, out)
     }
 
     /// `rwrite(addr, offset, data)`: copies bytes into a buffer, copying shared pages first.
     pub fn rwrite(&self, addr: RAddr, offset: usize, data: &[u8]) -> Result<(), PoolError> {
-        let (mut pages, len) = self
-            .inner
-            .local()
-            .handles
-            .remove(&addr.0)
-            .ok_or(PoolError::DoubleFree(addr.0))?;
-        let result = self.inner.write(&mut pages, len, offset, data);
-        self.inner.local().handles.insert(addr.0, (pages, len));
+        let (mut pages, len) = self.membership.holdings().raddrs.remove(addr)?;
+        let result = self.membership.write(&mut pages, len, offset, data);
+        self.membership.holdings().raddrs.put_back(addr, pages, len);
         result
     }
 }
@@ -344,170 +383,47 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Inner {
-    fn local(&self) -> MutexGuard<'_, Local> {
-        lock(&self.local)
+impl Membership {
+    fn holdings(&self) -> MutexGuard<'_, Holdings> {
+        lock(&self.holdings)
     }
 
     fn row(&self) -> &crate::layout::MemberRow {
         &self.map.members()[self.member]
     }
 
-    fn new_handle(&self, pages: Vec<u32>, len: usize) -> RAddr {
-        let mut local = self.local();
-        let id = local.next_handle << 12;
-        local.next_handle += 1;
-        local.handles.insert(id, (pages, len));
-        RAddr(id)
-    }
-
-    /// One more local use of `page`, taking a holder bit on the first.
-    fn use_page(&self, local: &mut Local, page: u32) -> Result<(), PoolError> {
-        let c = &mut local.counts[page as usize];
-        if *c >= MAX_LOCAL_REFS {
-            return Err(PoolError::CountOverflow {
-                page,
-                max: MAX_LOCAL_REFS,
-            });
-        }
-        *c += 1;
-        if *c == 1 {
-            pages::add_holder(&self.map, self.member, page);
-        }
-        Ok(())
-    }
-
-    /// One local use of `page` fewer; on the last, the page goes to the lease (if we hold it
-    /// alone) or our holder bit is cleared.
-    fn unuse_page(&self, local: &mut Local, page: u32) {
-        let c = &mut local.counts[page as usize];
-        if *c == 0 {
-            tracing::error!("netless-pool: page {page} released more often than used (bug)");
-            return;
-        }
-        *c -= 1;
-        if *c > 0 {
-            return;
-        }
-        if pages::sole_holder(&self.map, self.member, page) && local.lease.len() < self.lease_high {
-            local.lease.push(page);
-        } else if let Err(e) = pages::release(&self.map, self.member, page) {
-            tracing::error!("netless-pool: {e}");
-        }
-    }
-
-    fn refill(&self, local: &mut Local, need: usize) -> Result<(), PoolError> {
-        if local.lease.len() >= need {
-            return Ok(());
-        }
-        let target = need.max((self.lease_low + self.lease_high) / 2);
-        let want = target - local.lease.len();
-        // First fit: the lowest free pages were most likely used before, so they are already
-        // faulted in (a page of the memfd costs a fault and zeroing on first touch).
-        let mut cursor = 0;
-        pages::claim_batch(&self.map, self.member, want, &mut cursor, &mut local.lease);
-        if local.lease.len() < need {
-            return Err(PoolError::Exhausted(format!(
-                "needed {need} free pages, the pool of {} pages has only {} free: free \
-                 buffers, or give the domain a bigger pool",
-                self.map.npages(),
-                pages::free_count(&self.map) + local.lease.len()
-            )));
-        }
-        Ok(())
-    }
-
-    fn trim_lease(&self, local: &mut Local) {
-        if local.lease.len() > self.lease_high {
-            let keep = (self.lease_low + self.lease_high) / 2;
-            for page in local.lease.drain(keep..) {
-                pages::release_sole(&self.map, self.member, page);
-            }
-        }
-    }
-
-    /// A page from the lease with one local use.
-    fn fresh_page(&self, local: &mut Local) -> Result<u32, PoolError> {
-        if local.lease.len() < self.lease_low {
-            // Below the low mark: refill in a batch, but a short pool only fails when empty.
-            let _ = self.refill(local, 1);
-        }
-        let page = local.lease.pop().ok_or_else(|| {
-            PoolError::Exhausted(format!(
-                "no free page left in the pool of {} pages: free buffers, or give the domain \
-                 a bigger pool",
-                self.map.npages()
-            ))
-        })?;
-        local.counts[page as usize] = 1;
-        Ok(page)
-    }
-
     pub(crate) fn alloc_pages(&self, len: usize) -> Result<Vec<u32>, PoolError> {
-        if len > MAX_REF_BYTES {
-            return Err(PoolError::Config(format!(
-                "a buffer of {len} bytes exceeds the largest of {MAX_REF_BYTES} bytes"
-            )));
-        }
-        let n = len.div_ceil(PAGE_SIZE);
-        let mut local = self.local();
-        if n == 1 {
-            return Ok(vec![self.fresh_page(&mut local)?]);
-        }
-        if n > 1 {
-            // First fit, as for leases: reuse warm pages.
-            let mut cursor = 0;
-            let run = pages::claim_run(&self.map, self.member, n, &mut cursor);
-            if let Some(first) = run {
-                let pages: Vec<u32> = (first..first + n as u32).collect();
-                for &p in &pages {
-                    local.counts[p as usize] = 1;
-                }
-                return Ok(pages);
-            }
-        }
-        // No contiguous run: any pages will do (reads then go page by page).
-        self.refill(&mut local, n)?;
-        let at = local.lease.len() - n;
-        let pages: Vec<u32> = local.lease.drain(at..).collect();
-        for &p in &pages {
-            local.counts[p as usize] = 1;
-        }
+        self.holdings().ledger.alloc_pages(len)
+    }
+
+    pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {
+        let holdings = &mut *self.holdings();
+        holdings
+            .created_refs
+            .create(&mut holdings.ledger, data_pages, len)
+    }
+
+    /// Maps a Ref (created by process `from_pid`, if given): its slot is validated without the
+    /// lock, then taken under it.
+    pub(crate) fn map_ref(&self, r: &Ref, from_pid: Option<u32>) -> Result<Vec<u32>, PoolError> {
+        let slot = ValidatedSlot::read(&self.map, r, from_pid)?;
+        let pages = slot.take(&mut self.holdings().ledger)?;
+        self.row().refs_mapped.fetch_add(1, Ordering::Relaxed);
         Ok(pages)
     }
 
-    pub(crate) fn release_pages(&self, pages: &[u32]) {
-        let mut local = self.local();
-        for &p in pages {
-            self.unuse_page(&mut local, p);
-        }
-        // Refs mapped since the last call release their pages here too (collect trims).
-        self.collect(&mut local, Collect::Some(COLLECT_BUDGET));
+    fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
+        let holdings = &mut *self.holdings();
+        holdings.created_refs.revoke(&mut holdings.ledger, r)
     }
 
-    /// Makes page `i` of `pages` private (copying it if shared) and returns it.
-    /// `keep` is how many leading bytes of the old page must survive (0 for a full overwrite).
-    fn private_page(&self, pages: &mut [u32], i: usize, keep: usize) -> Result<u32, PoolError> {
-        let old = pages[i];
-        let mut local = self.local();
-        if local.counts[old as usize] == 1 && pages::sole_holder(&self.map, self.member, old) {
-            return Ok(old);
-        }
-        let new = self.fresh_page(&mut local)?;
-        if keep > 0 {
-            // SAFETY: both pages are in bounds (indexes from our ledger); `new` is ours alone
-            // (fresh from the lease), `old` is only read; they are distinct pages.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.map.page_ptr(old), self.map.page_ptr(new), keep)
-            };
-            self.row()
-                .bytes_copied
-                .fetch_add(keep as u64, Ordering::Relaxed);
-        }
-        self.row().pages_copied.fetch_add(1, Ordering::Relaxed);
-        self.unuse_page(&mut local, old);
-        pages[i] = new;
-        Ok(new)
+    pub(crate) fn release_pages(&self, pages: &[u32]) {
+        let holdings = &mut *self.holdings();
+        holdings.ledger.unuse_pages(pages);
+        // Refs mapped since the last call release their pages here too (collect trims).
+        holdings
+            .created_refs
+            .collect(&mut holdings.ledger, Collect::Some(COLLECT_BUDGET));
     }
 
     pub(crate) fn write(
@@ -530,7 +446,7 @@ impl Inner {
             } else {
                 page_len
             };
-            let page = self.private_page(pages, i, keep)?;
+            let page = self.holdings().ledger.private_page(pages, i, keep)?;
             // SAFETY: `page` is in bounds and ours alone with one use (the buffer the caller
             // borrows mutably); [in_page, in_page + n) lies within the page.
             unsafe {
@@ -580,17 +496,14 @@ impl Inner {
 
     /// Gives back everything this process holds, then its member row.
     fn leave(&self) {
-        let mut local = self.local();
-        self.collect(&mut local, Collect::All);
-        let handles: Vec<_> = local.handles.drain().collect();
-        for (_, (pages, _)) in handles {
-            for p in pages {
-                self.unuse_page(&mut local, p);
-            }
+        let holdings = &mut *self.holdings();
+        holdings
+            .created_refs
+            .collect(&mut holdings.ledger, Collect::All);
+        for pages in holdings.raddrs.take_all() {
+            holdings.ledger.unuse_pages(&pages);
         }
-        for page in std::mem::take(&mut local.lease) {
-            pages::release_sole(&self.map, self.member, page);
-        }
+        holdings.ledger.release_lease();
         // Anything still marked ours (outstanding slots overwritten by others) goes too.
         crate::members::release_member(&self.map, self.member, true);
     }
@@ -603,7 +516,7 @@ fn check_range(offset: usize, len: usize, size: usize) -> Result<(), PoolError> 
     Ok(())
 }
 
-impl Drop for Inner {
+impl Drop for Membership {
     fn drop(&mut self) {
         self.leave();
         if let Some(link) = lock(&self.link).take() {

@@ -5,23 +5,38 @@
 //! so a Ref maps once. The creator keeps its hold on the pages until it sees its slot taken
 //! (collection) or revokes it, and then frees the slot.
 //!
-//! This module changes which pages this process holds only through its ledger (`domain`: a
-//! use more, a use less, a fresh page from the lease); the slots of a creator that died are
+//! This module changes which pages this process holds only through its ledger (`page_ledger`:
+//! a use more, a use less, a fresh page from the lease); the slots of a creator that died are
 //! freed by its reaper (`members`), not here.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::layout::{
-    member_state, slot_parts, slot_state, slot_word, MAX_REF_BYTES, PAGE_SIZE, SLOT_TABLES,
-    TABLE_ENTRIES,
+    member_state, slot_parts, slot_state, slot_word, MemberRow, PoolMap, RefSlot, MAX_REF_BYTES,
+    PAGE_SIZE, SLOT_TABLES, TABLE_ENTRIES,
 };
 use crate::{pages, PoolError, Ref};
 
-use super::{Inner, Local};
+use super::PageLedger;
+
+/// The creator's side of the slot protocol: the Refs this process created and has not yet seen
+/// mapped or revoked, each holding its pages (one use each in the ledger) until then.
+pub(super) struct CreatedRefs {
+    map: Arc<PoolMap>,
+    member: usize,
+    /// Where the search for a free slot starts: after the last slot this process claimed.
+    slot_cursor: usize,
+    /// Oldest first.
+    outstanding: VecDeque<Outstanding>,
+    /// A Ref nobody mapped within this long is revoked.
+    ref_ttl: Duration,
+}
 
 /// A Ref this process created and has not yet seen mapped or revoked.
-pub(super) struct Outstanding {
+struct Outstanding {
     slot: u32,
     generation: u32,
     /// Data pages, then table pages: one local use each.
@@ -29,7 +44,7 @@ pub(super) struct Outstanding {
     created: Instant,
 }
 
-/// How much of the outstanding Refs a [`Inner::collect`] looks at.
+/// How much of the outstanding Refs a [`CreatedRefs::collect`] looks at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Collect {
     /// The oldest few: what every Ref created or buffer freed pays.
@@ -44,19 +59,37 @@ pub(super) enum Collect {
 /// collection keeps ahead of creation even when some Refs wait long to be mapped.
 pub(super) const COLLECT_BUDGET: usize = 8;
 
-impl Inner {
-    pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {
-        let mut local = self.local();
-        self.create_ref_locked(&mut local, data_pages, len)
+impl CreatedRefs {
+    /// No Refs yet; `member` starts its slot search at its own stretch of the slot table, so
+    /// members rarely race for the same free slot.
+    pub(super) fn new(map: Arc<PoolMap>, member: usize, ref_ttl: Duration) -> CreatedRefs {
+        CreatedRefs {
+            map,
+            member,
+            slot_cursor: member * 64,
+            outstanding: VecDeque::new(),
+            ref_ttl,
+        }
     }
 
-    pub(super) fn create_ref_locked(
-        &self,
-        local: &mut Local,
+    /// Refs created and not yet seen mapped or revoked.
+    pub(super) fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    fn row(&self) -> &MemberRow {
+        &self.map.members()[self.member]
+    }
+
+    /// A Ref to the `len` bytes in `data_pages`: claims a free slot, lists the pages in fresh
+    /// page-table pages, and holds all of them until the Ref is seen mapped or revoked.
+    pub(super) fn create(
+        &mut self,
+        ledger: &mut PageLedger,
         data_pages: &[u32],
         len: usize,
     ) -> Result<Ref, PoolError> {
-        self.collect(local, Collect::Some(COLLECT_BUDGET));
+        self.collect(ledger, Collect::Some(COLLECT_BUDGET));
         let ntables = data_pages.len().div_ceil(TABLE_ENTRIES);
         if ntables > SLOT_TABLES {
             return Err(PoolError::Config(format!(
@@ -64,21 +97,13 @@ impl Inner {
             )));
         }
         // Count the uses first, so an overflow leaves nothing half-done.
-        for (k, &p) in data_pages.iter().enumerate() {
-            if let Err(e) = self.use_page(local, p) {
-                for &q in &data_pages[..k] {
-                    self.unuse_page(local, q);
-                }
-                return Err(e);
-            }
-        }
-        let undo = |local: &mut Local, tables: &[u32]| {
-            for &q in data_pages.iter().chain(tables) {
-                self.unuse_page(local, q);
-            }
+        ledger.use_pages(data_pages)?;
+        let undo = |ledger: &mut PageLedger, tables: &[u32]| {
+            ledger.unuse_pages(data_pages);
+            ledger.unuse_pages(tables);
         };
-        let Some((slot, generation)) = self.claim_slot(local) else {
-            undo(local, &[]);
+        let Some((slot, generation)) = self.claim_slot() else {
+            undo(ledger, &[]);
             return Err(PoolError::Exhausted(format!(
                 "all {} ref slots of the domain are in use: map or revoke Refs, or give the \
                  domain more ref_slots",
@@ -88,10 +113,10 @@ impl Inner {
         let s = &self.map.slots()[slot as usize];
         let mut tables = Vec::with_capacity(ntables);
         for t in 0..ntables {
-            let page = match self.fresh_page(local) {
+            let page = match ledger.fresh_page() {
                 Ok(p) => p,
                 Err(e) => {
-                    undo(local, &tables);
+                    undo(ledger, &tables);
                     s.state.store(
                         slot_word(generation, 0, slot_state::FREE),
                         Ordering::Release,
@@ -122,7 +147,7 @@ impl Inner {
         );
         let mut held = data_pages.to_vec();
         held.extend_from_slice(&tables);
-        local.outstanding.push_back(Outstanding {
+        self.outstanding.push_back(Outstanding {
             slot,
             generation,
             pages: held,
@@ -137,11 +162,12 @@ impl Inner {
         })
     }
 
-    fn claim_slot(&self, local: &mut Local) -> Option<(u32, u32)> {
+    /// A free slot moved to BUILDING under our name: its index and its new generation.
+    fn claim_slot(&mut self) -> Option<(u32, u32)> {
         let slots = self.map.slots();
         let n = slots.len();
         for step in 0..n {
-            let i = (local.slot_cursor + step) % n;
+            let i = (self.slot_cursor + step) % n;
             let word = slots[i].state.load(Ordering::Relaxed);
             let (generation, _, state) = slot_parts(word);
             if state != slot_state::FREE {
@@ -158,7 +184,7 @@ impl Inner {
                 )
                 .is_ok()
             {
-                local.slot_cursor = i + 1;
+                self.slot_cursor = i + 1;
                 return Some((i as u32, next));
             }
         }
@@ -168,17 +194,17 @@ impl Inner {
     /// Ends our hold on Refs that were mapped; revokes expired ones (or all, on leave).
     /// `Collect::Some(k)` looks at the `k` oldest only (rotating them to the back when they
     /// are still waiting), so that creating a Ref costs O(1) however many are outstanding.
-    pub(super) fn collect(&self, local: &mut Local, scope: Collect) {
+    pub(super) fn collect(&mut self, ledger: &mut PageLedger, scope: Collect) {
         let slots = self.map.slots();
         let all = scope == Collect::All;
         let budget = match scope {
-            Collect::Some(k) => k.min(local.outstanding.len()),
-            Collect::Full | Collect::All => local.outstanding.len(),
+            Collect::Some(k) => k.min(self.outstanding.len()),
+            Collect::Full | Collect::All => self.outstanding.len(),
         };
         // Read at most once, and only if a Ref is still waiting to be mapped.
         let mut now = None;
         for _ in 0..budget {
-            let Some(o) = local.outstanding.pop_front() else {
+            let Some(o) = self.outstanding.pop_front() else {
                 break;
             };
             let s = &slots[o.slot as usize];
@@ -219,19 +245,18 @@ impl Inner {
                 false
             };
             if done {
-                for &p in &o.pages {
-                    self.unuse_page(local, p);
-                }
+                ledger.unuse_pages(&o.pages);
             } else {
-                local.outstanding.push_back(o);
+                self.outstanding.push_back(o);
             }
         }
-        self.trim_lease(local);
+        ledger.trim_lease();
     }
 
-    pub(super) fn revoke(&self, r: &Ref) -> Result<(), PoolError> {
-        let mut local = self.local();
-        let at = local.outstanding.iter().position(|o| {
+    /// Ends our hold on a Ref we created and frees its slot; an error if it was mapped
+    /// already.
+    pub(super) fn revoke(&mut self, ledger: &mut PageLedger, r: &Ref) -> Result<(), PoolError> {
+        let at = self.outstanding.iter().position(|o| {
             o.slot == r.slot && o.generation == r.generation && r.domain == self.map.domain_id()
         });
         let Some(at) = at else {
@@ -239,7 +264,7 @@ impl Inner {
                 "not an outstanding Ref of this process (revoked or collected already)".into(),
             ));
         };
-        let o = &local.outstanding[at];
+        let o = &self.outstanding[at];
         let s = &self.map.slots()[o.slot as usize];
         let ready = slot_word(o.generation, self.member, slot_state::READY);
         let free = slot_word(o.generation, 0, slot_state::FREE);
@@ -250,18 +275,33 @@ impl Inner {
         if mapped {
             s.state.store(free, Ordering::Release);
         }
-        let o = local.outstanding.remove(at).expect("index in range");
-        for p in o.pages {
-            self.unuse_page(&mut local, p);
-        }
+        let o = self.outstanding.remove(at).expect("index in range");
+        ledger.unuse_pages(&o.pages);
         if mapped {
             return Err(PoolError::RefGone("it was mapped already".into()));
         }
         Ok(())
     }
+}
 
-    pub(crate) fn map_ref(&self, r: &Ref, from_pid: Option<u32>) -> Result<Vec<u32>, PoolError> {
-        let map = &self.map;
+/// The mapper's side of the slot protocol: a Ref's slot, read and validated, not yet taken.
+pub(super) struct ValidatedSlot<'pool> {
+    slot: &'pool RefSlot,
+    /// The slot's state word as validated (READY, the Ref's generation, its creator).
+    word: u64,
+    /// The Ref's data pages, each held by its creator when validated.
+    pages: Vec<u32>,
+}
+
+impl<'pool> ValidatedSlot<'pool> {
+    /// Reads the slot of `r` and validates every word of it: its domain, its creator (who
+    /// must be process `from_pid`, if given), its generation and state, its lengths, and that
+    /// the creator holds each listed page.
+    pub(super) fn read(
+        map: &'pool PoolMap,
+        r: &Ref,
+        from_pid: Option<u32>,
+    ) -> Result<ValidatedSlot<'pool>, PoolError> {
         if r.domain != map.domain_id() {
             return Err(PoolError::ForeignRef {
                 theirs: r.domain,
@@ -346,15 +386,23 @@ impl Inner {
         if let Some(&bad) = list.iter().find(|&&p| !valid(p)) {
             return Err(invalid(format!("page {bad} is not its creator's")));
         }
-        let mut local = self.local();
-        for (k, &p) in list.iter().enumerate() {
-            if let Err(e) = self.use_page(&mut local, p) {
-                for &q in &list[..k] {
-                    self.unuse_page(&mut local, q);
-                }
-                return Err(e);
-            }
-        }
+        Ok(ValidatedSlot {
+            slot: s,
+            word,
+            pages: list,
+        })
+    }
+
+    /// Takes the Ref: one local use of each of its pages, then the slot READY → TAKEN, if it
+    /// is still the slot that was validated; the pages are returned.
+    pub(super) fn take(self, ledger: &mut PageLedger) -> Result<Vec<u32>, PoolError> {
+        let ValidatedSlot {
+            slot: s,
+            word,
+            pages: list,
+        } = self;
+        let (generation, creator, _) = slot_parts(word);
+        ledger.use_pages(&list)?;
         // The slot must still be the one we validated: then its creator still held every page
         // when we added ourselves, and the pages are the ones it shared.
         let taken = slot_word(generation, creator, slot_state::TAKEN);
@@ -362,14 +410,11 @@ impl Inner {
             .compare_exchange(word, taken, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
         {
-            for &q in &list {
-                self.unuse_page(&mut local, q);
-            }
+            ledger.unuse_pages(&list);
             return Err(PoolError::RefGone(
                 "it was revoked (or mapped) while this process mapped it".into(),
             ));
         }
-        self.row().refs_mapped.fetch_add(1, Ordering::Relaxed);
         Ok(list)
     }
 }
