@@ -351,3 +351,46 @@ fn streams_beyond_the_server_limit_are_refused_with_resource_exhausted() {
     drop(serving);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs an example of the raw netless API to its end; its output.
+fn run_example(binary: &str, args: &[&str]) -> String {
+    let mut child = Command::new(binary)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{binary} did not finish within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    assert!(output.status.success(), "{binary} failed:\n{out}{err}");
+    out
+}
+
+#[test]
+fn the_pipeline_example_checks_every_reply() {
+    let out = run_example(env!("CARGO_BIN_EXE_pipeline"), &["--calls", "20000"]);
+    assert!(out.contains("20000 calls, 64 in flight"), "{out}");
+}
+
+#[test]
+fn the_forwarder_example_answers_through_its_backend() {
+    let out = run_example(env!("CARGO_BIN_EXE_forwarder"), &[]);
+    assert!(out.contains("forwarded -> FORWARDED"), "{out}");
+}
+
+#[test]
+fn the_by_reference_example_sums_what_it_shared() {
+    let out = run_example(env!("CARGO_BIN_EXE_by_reference"), &[]);
+    assert!(out.contains("the view from before: 1048576"), "{out}");
+}
