@@ -13,7 +13,7 @@ use common::*;
 
 /// `netless echo-server --service <service> --spin-us 5`.
 fn start_echo_server(dir: &TestDir, service: &str) -> Proc {
-    Proc::spawn(
+    spawn(
         dir,
         &["echo-server", "--service", service, "--spin-us", "5"],
     )
