@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use netless_cli::cmd;
 
 mod bench;
-mod cmd;
 
 /// RPC over shared memory: serve, call and benchmark netless services.
 #[derive(Parser, Debug)]

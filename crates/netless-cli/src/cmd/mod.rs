@@ -1,4 +1,4 @@
-//! The user-facing subcommands other than `bench`.
+//! The user's tools, one module per subcommand.
 
 pub mod ctl;
 pub mod echo_server;
