@@ -196,7 +196,7 @@ impl Proc {
         }
     }
 
-    /// Collects the output, waiting at most [`OUTPUT`] for each pipe.
+    /// Collects the output, waiting at most `OUTPUT` (30 s) for each pipe.
     pub fn collect(&mut self, status: ExitStatus) -> Output {
         let take = |rx: Option<mpsc::Receiver<String>>| {
             rx.map(|rx| {
