@@ -1,10 +1,22 @@
 //! The netless experiments: one binary per question (`src/bin/`), each a thin `main` over a
 //! module here, all on one shared [`harness`].
 //!
+//! - `echo_latency` ([`echo`]), NotNets Table 1: a sequential call over gRPC/HTTP2, over
+//!   netless (protobuf and raw bytes) and the shared-memory floor;
+//! - `grpc_paths` ([`grpc`]): the same tonic client over TCP, over the netless `Channel`,
+//!   and through the gateway;
+//! - `split_offload` ([`split`]), Split gRPC Figure 2: one tonic process against the
+//!   gateway and a business-logic process.
+//!
 //! Each binary spawns its peer processes (servers, tiers, load generators) by running itself
 //! again as `<binary> peer <role> …`; the user's `echo-server` and `gateway` are among those
 //! roles, run from the `netless` command's own code ([`netless_cli::cmd`]). The
 //! micro-benchmarks of the data structures are `cargo bench` targets (`benches/`).
 
+pub mod echo;
+pub mod gateway;
+pub mod grpc;
+pub mod grpc_http2;
 pub mod harness;
 pub mod proto;
+pub mod split;
