@@ -6,13 +6,16 @@
 //! - `grpc_paths` ([`grpc`]): the same tonic client over TCP, over the netless `Channel`,
 //!   and through the gateway;
 //! - `split_offload` ([`split`]), Split gRPC Figure 2: one tonic process against the
-//!   gateway and a business-logic process.
+//!   gateway and a business-logic process;
+//! - `pass_by_reference` ([`dmrpc`]), DmRPC Figures 5–7: pass by value against by
+//!   reference (the domain page pool), copy-on-write.
 //!
 //! Each binary spawns its peer processes (servers, tiers, load generators) by running itself
 //! again as `<binary> peer <role> …`; the user's `echo-server` and `gateway` are among those
 //! roles, run from the `netless` command's own code ([`netless_cli::cmd`]). The
 //! micro-benchmarks of the data structures are `cargo bench` targets (`benches/`).
 
+pub mod dmrpc;
 pub mod echo;
 pub mod gateway;
 pub mod grpc;
