@@ -8,7 +8,9 @@
 //! - `split_offload` ([`split`]), Split gRPC Figure 2: one tonic process against the
 //!   gateway and a business-logic process;
 //! - `pass_by_reference` ([`dmrpc`]), DmRPC Figures 5–7: pass by value against by
-//!   reference (the domain page pool), copy-on-write.
+//!   reference (the domain page pool), copy-on-write;
+//! - `slo_buffers` ([`kvs`]), NEBULA: receive-buffer provisioning and dispatch of a
+//!   key-value service under open-loop load, judged by an SLO.
 //!
 //! Each binary spawns its peer processes (servers, tiers, load generators) by running itself
 //! again as `<binary> peer <role> …`; the user's `echo-server` and `gateway` are among those
@@ -21,5 +23,6 @@ pub mod gateway;
 pub mod grpc;
 pub mod grpc_http2;
 pub mod harness;
+pub mod kvs;
 pub mod proto;
 pub mod split;
