@@ -10,13 +10,16 @@
 //! - `pass_by_reference` ([`dmrpc`]), DmRPC Figures 5–7: pass by value against by
 //!   reference (the domain page pool), copy-on-write;
 //! - `slo_buffers` ([`kvs`]), NEBULA: receive-buffer provisioning and dispatch of a
-//!   key-value service under open-loop load, judged by an SLO.
+//!   key-value service under open-loop load, judged by an SLO;
+//! - `batching` ([`dagger`]), Dagger Figures 5–6: pipelined echo throughput and latency by
+//!   request batching.
 //!
 //! Each binary spawns its peer processes (servers, tiers, load generators) by running itself
 //! again as `<binary> peer <role> …`; the user's `echo-server` and `gateway` are among those
 //! roles, run from the `netless` command's own code ([`netless_cli::cmd`]). The
 //! micro-benchmarks of the data structures are `cargo bench` targets (`benches/`).
 
+pub mod dagger;
 pub mod dmrpc;
 pub mod echo;
 pub mod gateway;
