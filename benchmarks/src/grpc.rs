@@ -185,31 +185,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let payloads = [64usize, 4096];
     let mut rows = Vec::new();
     let mut json_rows = Vec::new();
+    let (calls, in_flight) = (args.throughput_calls, args.in_flight);
     rt.block_on(async {
         for &size in &payloads {
             let payload = vec![0x5au8; size];
             let mut hists = [new_histogram(), new_histogram(), new_histogram()];
+            let watch = &watch;
             // Warm up all three, then interleave ten rounds.
-            sequential(&mut tcp_client, &payload, 500, &mut new_histogram(), &watch).await?;
-            sequential(&mut netless_client, &payload, 2000, &mut new_histogram(), &watch).await?;
-            sequential(&mut gateway_client, &payload, 500, &mut new_histogram(), &watch).await?;
+            let warm = &mut new_histogram();
+            sequential(&mut tcp_client, &payload, 500, warm, watch).await?;
+            sequential(&mut netless_client, &payload, 2000, warm, watch).await?;
+            sequential(&mut gateway_client, &payload, 500, warm, watch).await?;
             let per_round = args.calls.div_ceil(10);
             for _ in 0..10 {
-                sequential(&mut tcp_client, &payload, per_round, &mut hists[0], &watch).await?;
-                sequential(&mut netless_client, &payload, per_round, &mut hists[1], &watch).await?;
-                sequential(&mut gateway_client, &payload, per_round, &mut hists[2], &watch).await?;
+                let [tcp, shm, gw] = &mut hists;
+                sequential(&mut tcp_client, &payload, per_round, tcp, watch).await?;
+                sequential(&mut netless_client, &payload, per_round, shm, watch).await?;
+                sequential(&mut gateway_client, &payload, per_round, gw, watch).await?;
             }
-            let tcp_rate = throughput(tcp_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
-            let shm_rate =
-                throughput(netless_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
-            let gw_rate =
-                throughput(gateway_client.clone(), &payload, args.throughput_calls, args.in_flight).await?;
+            let tcp_rate = throughput(tcp_client.clone(), &payload, calls, in_flight).await?;
+            let shm_rate = throughput(netless_client.clone(), &payload, calls, in_flight).await?;
+            let gw_rate = throughput(gateway_client.clone(), &payload, calls, in_flight).await?;
             for (t, (hist, rate)) in hists.iter().zip([tcp_rate, shm_rate, gw_rate]).enumerate() {
                 let row = Row::from_histogram(transports[t], size, hist);
                 json_rows.push(serde_json::json!({
-                    "transport": row.transport, "payload_bytes": row.payload_bytes, "calls": row.calls,
-                    "avg_us": row.avg_us, "p50_us": row.p50_us, "p99_us": row.p99_us, "p999_us": row.p999_us,
-                    "throughput_calls_per_s": rate, "in_flight": args.in_flight,
+                    "transport": row.transport,
+                    "payload_bytes": row.payload_bytes,
+                    "calls": row.calls,
+                    "avg_us": row.avg_us,
+                    "p50_us": row.p50_us,
+                    "p99_us": row.p99_us,
+                    "p999_us": row.p999_us,
+                    "throughput_calls_per_s": rate,
+                    "in_flight": in_flight,
                 }));
                 rows.push((row, rate));
             }
