@@ -2,10 +2,11 @@
 //! `CLOCK_MONOTONIC`, so reading it costs a few nanoseconds instead of the ~20 ns of
 //! `Instant::now()` on this VM (which would otherwise be a sizeable part of a 0.5 µs sample).
 //!
-//! Every row that is compared (netless, floor, gRPC) is timed with the same stopwatch, from
-//! the same pinned thread, so the counter never crosses cores. Where the CPU has no invariant
-//! TSC (or is not x86-64), it falls back to `Instant`. The overhead of one reading is measured
-//! and printed with the results.
+//! A benchmark times every row it compares (netless, floor, gRPC) with one stopwatch from one
+//! pinned thread, so the counter never crosses cores; this module never pins, nor decides
+//! what is timed. Where the CPU has no invariant TSC (or is not x86-64), it falls back to
+//! `Instant`. The overhead of one reading is measured, for the benchmark to print with its
+//! results.
 
 use std::time::{Duration, Instant};
 
