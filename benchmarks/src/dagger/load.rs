@@ -96,7 +96,7 @@ impl Counts {
     }
 
     /// Adds another window's (or thread's) counts; lengths add too.
-    pub fn merge(&mut self, o: &Counts) {
+    pub(super) fn merge(&mut self, o: &Counts) {
         self.calls += o.calls;
         self.ns += o.ns;
         self.batches += o.batches;
@@ -107,7 +107,7 @@ impl Counts {
     }
 
     /// Replies per second.
-    pub fn rate(&self) -> f64 {
+    pub(super) fn rate(&self) -> f64 {
         if self.ns == 0 {
             0.0
         } else {
@@ -147,7 +147,7 @@ pub(super) struct Arrivals {
 
 impl Arrivals {
     /// Gaps of a Poisson process of `rate_per_s` arrivals a second.
-    pub fn new(seed: u64, rate_per_s: f64) -> Arrivals {
+    pub(super) fn new(seed: u64, rate_per_s: f64) -> Arrivals {
         Arrivals {
             state: seed,
             mean_gap_ns: 1e9 / rate_per_s,
@@ -163,7 +163,7 @@ impl Arrivals {
     }
 
     /// The next inter-arrival gap, ns (exponentially distributed).
-    pub fn gap_ns(&mut self) -> f64 {
+    pub(super) fn gap_ns(&mut self) -> f64 {
         // Uniform in (0, 1]: never ln(0).
         let u = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
         -u.ln() * self.mean_gap_ns
@@ -173,7 +173,7 @@ impl Arrivals {
 impl Driver {
     /// Opens a pipelined connection to `service` in `dir` with `window` calls in flight at
     /// most; its waits spin (the thread has a core) unless `yield_when_idle`.
-    pub fn connect(
+    pub(super) fn connect(
         service: &str,
         dir: &std::path::Path,
         window: u32,
@@ -282,7 +282,7 @@ impl Driver {
 
     /// The host's pace (see the module docs of `batching`): the median round trip, ns, of
     /// `calls` lone calls, each published at once and waited for with nothing else in flight.
-    pub fn lone_call_ns(&mut self, calls: u32) -> anyhow::Result<f64> {
+    pub(super) fn lone_call_ns(&mut self, calls: u32) -> anyhow::Result<f64> {
         if self.pipe.in_flight() != 0 {
             // A reply to an earlier call would end a lone call's wait early.
             bail!(
@@ -311,7 +311,7 @@ impl Driver {
     /// Closed loop: keeps the window full for `warmup`, then counts the replies of the next
     /// `measure`, then drains. `stats`: a client of the server whose counters to snapshot
     /// at the window's edges.
-    pub fn closed_loop(
+    pub(super) fn closed_loop(
         &mut self,
         warmup: Duration,
         measure: Duration,
@@ -355,7 +355,7 @@ impl Driver {
     /// latency. Arrivals are sent in order as soon as they are due and the window has room;
     /// replies are polled continuously. Arrivals stop at the window's end, then the calls in
     /// flight are drained.
-    pub fn open_loop(
+    pub(super) fn open_loop(
         &mut self,
         rate_per_s: f64,
         seed: u64,

@@ -38,7 +38,7 @@ fn echo<'a>(req: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Sta
 }
 
 /// The `echo-server` peer role: serves the echo until stdin reaches EOF.
-pub fn serve(args: ServerArgs) -> anyhow::Result<()> {
+pub(super) fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let wait = match args.spin_us {
         None => load::spin_policy(),
         Some(us) => WaitPolicy {

@@ -372,7 +372,7 @@ fn prefault(domain: &Domain) -> anyhow::Result<()> {
 }
 
 /// The `dmrpc-tier` peer role: serves `--service` until stdin closes.
-pub fn serve_tier(args: TierArgs) -> anyhow::Result<()> {
+pub(super) fn serve_tier(args: TierArgs) -> anyhow::Result<()> {
     if !args.cpus.is_empty() {
         // Before any thread starts, so every thread of the process inherits it.
         netless_shm::pin_current_thread_to(&args.cpus)?;

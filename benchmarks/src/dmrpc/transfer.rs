@@ -22,7 +22,7 @@ use crate::harness::{peer, Peer, Stop};
 
 /// One payload size: sequential call latency by value and by reference.
 #[derive(Serialize, Clone, Debug)]
-pub struct TransferRow {
+pub(super) struct TransferRow {
     /// Payload bytes.
     pub payload_bytes: usize,
     /// Median call latency by value, µs.
@@ -38,7 +38,7 @@ pub struct TransferRow {
 }
 
 /// The crossover: the smallest measured size at which by reference was faster.
-pub fn crossover(rows: &[TransferRow]) -> Option<usize> {
+pub(super) fn crossover(rows: &[TransferRow]) -> Option<usize> {
     rows.iter()
         .find(|r| r.speedup > 1.0)
         .map(|r| r.payload_bytes)
@@ -77,7 +77,7 @@ pub struct ServerArgs {
 
 /// The `transfer-server` peer role: joins `--domain` in `--dir`, serves `--service` until
 /// stdin closes.
-pub fn serve(args: ServerArgs) -> anyhow::Result<()> {
+pub(super) fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let ServerArgs {
         dir,
         domain,
@@ -105,7 +105,7 @@ pub fn serve(args: ServerArgs) -> anyhow::Result<()> {
 
 /// Measures the crossover from this process, a member of domain `name` (socket directory
 /// `dir`), against a spawned server on `peer_cpu` that joins the same domain.
-pub fn measure(
+pub(super) fn measure(
     (dir, name, domain): (&Path, &str, &Domain),
     sizes: &[usize],
     calls_per_size: u64,
@@ -191,7 +191,7 @@ pub fn measure(
 }
 
 /// Prints the crossover table.
-pub fn print(rows: &[TransferRow]) {
+pub(super) fn print(rows: &[TransferRow]) {
     println!("\nby value vs by reference (sequential calls; the server reads every byte)");
     println!(
         "{:>10} {:>12} {:>12} {:>9}",

@@ -34,13 +34,13 @@ use crate::harness::clock::Stopwatch;
 use crate::harness::peer::{reap, self_exe};
 
 /// Size of the shared segment.
-pub const SEGMENT_LEN: usize = 4096;
+pub(super) const SEGMENT_LEN: usize = 4096;
 
 /// Unrecorded round trips [`Floor::measure`] makes before timing.
-pub const WARMUP_ROUND_TRIPS: u64 = 1000;
+pub(super) const WARMUP_ROUND_TRIPS: u64 = 1000;
 
 /// A round trip not answered within this time means the peer died.
-pub const PEER_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Ping value telling the peer to exit.
 const EXIT: u64 = u64::MAX;
@@ -129,7 +129,7 @@ pub struct PeerArgs {
 /// then answers every new ping sequence number `s` by publishing `s` on the pong line.
 /// After ~100 ms without a new ping it sleeps on the control futex until the parent wakes
 /// it. Returns when the ping is `u64::MAX` or the parent process is gone.
-pub fn peer(args: PeerArgs) -> anyhow::Result<()> {
+pub(super) fn peer(args: PeerArgs) -> anyhow::Result<()> {
     let PeerArgs { fd, pin_cpu } = args;
     if fd < 0 {
         bail!("--fd {fd} is not a file descriptor");
@@ -209,7 +209,7 @@ pub fn peer(args: PeerArgs) -> anyhow::Result<()> {
 ///
 /// Dropping it tells the peer to exit (ping = `u64::MAX`), wakes it, waits up to 2 s, then
 /// kills it.
-pub struct Floor {
+pub(super) struct Floor {
     child: Child,
     seg: Segment,
     seq: u64,
@@ -235,7 +235,7 @@ impl Floor {
     /// The duplicate exists only while spawning; another thread of this process spawning a
     /// child at the same moment could inherit it too (harmless: it would just hold the 4 KiB
     /// segment open).
-    pub fn start(pin_peer_cpu: Option<usize>) -> anyhow::Result<Floor> {
+    pub(super) fn start(pin_peer_cpu: Option<usize>) -> anyhow::Result<Floor> {
         Floor::start_exe(&self_exe()?, &["peer"], pin_peer_cpu)
     }
 
@@ -275,7 +275,7 @@ impl Floor {
     /// A round trip: publish `seq + 1` on the ping line (Release), spin until the pong line
     /// reads `seq + 1` (Acquire). Fails if the peer does not answer within
     /// [`PEER_TIMEOUT`] (it died or never started).
-    pub fn measure(
+    pub(super) fn measure(
         &mut self,
         calls: u64,
         hist: &mut Histogram<u64>,

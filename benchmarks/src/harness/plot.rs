@@ -19,6 +19,14 @@ pub struct Svg<'a> {
     root: Panel<'a>,
 }
 
+impl std::fmt::Debug for Svg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Svg")
+            .field("size", &self.root.dim_in_pixel())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'a> Svg<'a> {
     /// A white canvas of `size` pixels, to be written to `path`.
     pub fn create(path: &'a Path, size: (u32, u32)) -> anyhow::Result<Svg<'a>> {

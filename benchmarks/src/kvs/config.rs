@@ -7,11 +7,11 @@ use serde::Serialize;
 use super::store;
 
 /// Connection counts of the provisioning sweep.
-pub const CONNECTIONS: [usize; 3] = [16, 128, 1024];
+pub(super) const CONNECTIONS: [usize; 3] = [16, 128, 1024];
 /// Connections of the dispatch part and of the no-SLO baseline.
 const DISPATCH_CONNECTIONS: usize = 128;
 /// The SLO, in mean zero-load service times (NEBULA §VI).
-pub const SLO_RATIO: f64 = 10.0;
+pub(super) const SLO_RATIO: f64 = 10.0;
 /// Per-connection receive buffer: HTTP/2's initial flow-control window.
 const CONNECTION_BUFFER: usize = 64 * 1024;
 /// Bytes of the runtime's request header (a request takes header + method + payload,
@@ -19,7 +19,7 @@ const CONNECTION_BUFFER: usize = 64 * 1024;
 const REQUEST_HEADER: usize = 64;
 /// Mean request size, method and payload: half `Get` (3 + 16 + 9 B), half `Set` (3 + 528 +
 /// 9 B).
-pub const MEAN_REQUEST: usize = (3
+pub(super) const MEAN_REQUEST: usize = (3
     + store::KEY_BYTES
     + store::STAMP_BYTES
     + 3
@@ -79,7 +79,7 @@ impl From<Dispatch> for netless::Dispatch {
 /// How a configuration's receive buffer is provisioned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Buffer {
+pub(super) enum Buffer {
     /// Sized for the SLO's queue-depth limit (see the module docs).
     DepthSized,
     /// Sized by the runtime from the SLO.
@@ -92,7 +92,7 @@ pub enum Buffer {
 
 /// One server setup and the connections it is loaded through.
 #[derive(Clone, Debug, Serialize)]
-pub struct Config {
+pub(super) struct Config {
     /// Short name: provisioning variant, dispatch, workers.
     pub mode: String,
     pub provisioning: Provisioning,
@@ -105,7 +105,7 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn new(
+    pub(super) fn new(
         mode: &str,
         provisioning: Provisioning,
         dispatch: Dispatch,
@@ -126,7 +126,7 @@ impl Config {
     }
 
     /// The configurations of a run, in the order they run.
-    pub fn plan(quick: bool) -> Vec<Config> {
+    pub(super) fn plan(quick: bool) -> Vec<Config> {
         use Buffer::*;
         use Dispatch::*;
         use Provisioning::*;
@@ -168,7 +168,7 @@ impl Config {
     }
 
     /// Requests one queue may hold under the SLO, for each of the workers draining it.
-    pub fn depth_limit(&self) -> u32 {
+    pub(super) fn depth_limit(&self) -> u32 {
         let k = match self.dispatch {
             Dispatch::Partitioned => 1,
             _ => self.workers as u32,
@@ -178,7 +178,7 @@ impl Config {
 
     /// The receive buffer to ask for (whole, per worker or per connection), if not the
     /// runtime's choice.
-    pub fn buffer_bytes(&self) -> Option<usize> {
+    pub(super) fn buffer_bytes(&self) -> Option<usize> {
         match self.buffer {
             Buffer::DepthSized => {
                 let queues = match (self.provisioning, self.dispatch) {
@@ -200,7 +200,7 @@ impl Config {
 }
 
 /// A clap value's name (`per-connection`).
-pub fn serde_plain<T: Serialize>(v: &T) -> String {
+pub(super) fn serde_plain<T: Serialize>(v: &T) -> String {
     serde_json::to_value(v)
         .ok()
         .and_then(|v| v.as_str().map(String::from))
@@ -210,7 +210,7 @@ pub fn serde_plain<T: Serialize>(v: &T) -> String {
 /// The configurations swept together: those of the provisioning comparison
 /// (`shared`, `shared-slo`, `per-connection`) at the same connection count; every other
 /// configuration alone.
-pub fn groups(plan: &[Config]) -> Vec<Vec<&Config>> {
+pub(super) fn groups(plan: &[Config]) -> Vec<Vec<&Config>> {
     let compared =
         |c: &Config| matches!(c.mode.as_str(), "shared" | "shared-slo" | "per-connection");
     let mut groups: Vec<Vec<&Config>> = Vec::new();

@@ -51,7 +51,7 @@ use super::store::{
 use crate::harness::histogram::{mean_us, new_histogram, quantile_us};
 
 /// How late a call may be sent before the schedule is shifted instead (see the module docs).
-pub const MAX_LAG: Duration = Duration::from_micros(20);
+pub(super) const MAX_LAG: Duration = Duration::from_micros(20);
 /// Connections polled between two looks at the schedule.
 const POLL_SLICE: usize = 32;
 /// How long the end of a window waits for the replies of calls still in flight.
@@ -85,7 +85,7 @@ pub struct LoadArgs {
 
 /// Latencies, µs.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
-pub struct Latency {
+pub(super) struct Latency {
     /// Calls timed.
     pub count: u64,
     /// Mean.
@@ -102,7 +102,7 @@ pub struct Latency {
 
 impl Latency {
     /// Summarises a histogram of nanoseconds.
-    pub fn of(h: &Histogram<u64>) -> Latency {
+    pub(super) fn of(h: &Histogram<u64>) -> Latency {
         if h.is_empty() {
             return Latency::default();
         }
@@ -119,7 +119,7 @@ impl Latency {
 
 /// What `zero` measured.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
-pub struct ZeroLoad {
+pub(super) struct ZeroLoad {
     /// Calls that failed.
     pub failed: u64,
     /// Client-side latency of those that got a reply.
@@ -128,7 +128,7 @@ pub struct ZeroLoad {
 
 /// What one `run` window measured at the client.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
-pub struct Window {
+pub(super) struct Window {
     /// Length of the recorded window, s.
     pub window_s: f64,
     /// Calls sent in the window (NACKed ones included).
@@ -475,7 +475,7 @@ impl Generator {
 }
 
 /// The `load` peer role: opens the connections, then runs commands until stdin ends.
-pub fn generate(args: LoadArgs) -> anyhow::Result<()> {
+pub(super) fn generate(args: LoadArgs) -> anyhow::Result<()> {
     if let Some(cpu) = args.pin_cpu {
         // Before connecting: the connections' monitor threads inherit the CPU.
         netless_shm::pin_current_thread(cpu)?;

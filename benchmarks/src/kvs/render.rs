@@ -37,7 +37,7 @@ fn per_s(x: f64) -> String {
 }
 
 /// What was measured before the sweep.
-pub fn print_baseline(b: &Baseline) {
+pub(super) fn print_baseline(b: &Baseline) {
     println!(
         "Key-value service: {} keys of 16 B with 512 B values, 50/50 Get/Set, uniform keys; \
          {} µs of work added per request",
@@ -67,7 +67,7 @@ pub fn print_baseline(b: &Baseline) {
 }
 
 /// Every load point, one table per configuration.
-pub fn print_rows(rows: &[Row], b: &Baseline) {
+pub(super) fn print_rows(rows: &[Row], b: &Baseline) {
     let mut start = 0;
     while start < rows.len() {
         let c = &rows[start].config;
@@ -146,7 +146,7 @@ pub fn print_rows(rows: &[Row], b: &Baseline) {
 }
 
 /// The per-configuration summary.
-pub fn print_summaries(summaries: &[Summary], b: &Baseline) {
+pub(super) fn print_summaries(summaries: &[Summary], b: &Baseline) {
     let body: Vec<Vec<String>> = summaries
         .iter()
         .map(|s| {
@@ -197,11 +197,11 @@ pub fn print_summaries(summaries: &[Summary], b: &Baseline) {
 
 /// How much lower one throughput may be and still count as "not lower": the spread of a
 /// load point's accepted throughput between windows (Poisson arrivals, a shared machine).
-pub const THROUGHPUT_TOLERANCE: f64 = 0.03;
+pub(super) const THROUGHPUT_TOLERANCE: f64 = 0.03;
 
 /// The issue's acceptance points, computed from the summaries.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Acceptance {
+pub(super) struct Acceptance {
     /// Receive-buffer bytes of `shared` at 16, 128, 1024 connections.
     pub shared_buffer_bytes: Vec<u64>,
     /// Whether they are all equal and under 1 MiB.
@@ -242,7 +242,7 @@ pub struct Acceptance {
 
 impl Acceptance {
     /// Checks the summaries, and compares `shared` with `per-connection` point by point.
-    pub fn of(summaries: &[Summary], rows: &[Row], _b: &Baseline) -> Acceptance {
+    pub(super) fn of(summaries: &[Summary], rows: &[Row], _b: &Baseline) -> Acceptance {
         let (mut points, mut lower, mut only_shared, mut only_pc) = (0, 0, 0, 0);
         let mut ratios = Vec::new();
         for a in rows.iter().filter(|r| r.config.mode == "shared") {
@@ -348,7 +348,7 @@ impl Acceptance {
 }
 
 /// Prints the acceptance points with their figures.
-pub fn print_acceptance(a: &Acceptance) {
+pub(super) fn print_acceptance(a: &Acceptance) {
     let yes = |b: bool| if b { "holds" } else { "DOES NOT HOLD" };
     let bytes = |v: &[u64]| {
         v.iter()
@@ -425,7 +425,7 @@ struct Document<'a> {
 
 /// Writes `{"experiment":"kvs","machine":…,"baseline":…,"rows":[…],"summaries":[…],
 /// "acceptance":…}` (pretty printed).
-pub fn write_json(
+pub(super) fn write_json(
     path: &Path,
     baseline: &Baseline,
     rows: &[Row],
@@ -445,7 +445,7 @@ pub fn write_json(
 
 /// Draws server-side p99 against offered load (× capacity), one line per configuration, the
 /// one-worker configurations and the two-worker ones in separate panels, with the SLO.
-pub fn plot(rows: &[Row], b: &Baseline, path: &Path) -> anyhow::Result<()> {
+pub(super) fn plot(rows: &[Row], b: &Baseline, path: &Path) -> anyhow::Result<()> {
     let panels: Vec<(&str, Vec<&Row>)> = [
         ("provisioning × connections (1 worker)", 1usize),
         ("dispatch (2 workers sharing one core, 128 connections)", 2),

@@ -10,7 +10,7 @@ use super::store::{Calibration, ServerWindow, Stats};
 
 /// What was measured before the sweep, and the settings derived from it.
 #[derive(Clone, Copy, Debug, Serialize)]
-pub struct Baseline {
+pub(super) struct Baseline {
     /// Keys in the store.
     pub keys: u32,
     /// Computation added to each request, µs.
@@ -31,7 +31,7 @@ pub struct Baseline {
 
 /// One load point of one configuration.
 #[derive(Clone, Debug, Serialize)]
-pub struct Row {
+pub(super) struct Row {
     #[serde(flatten)]
     pub config: Config,
     /// Receive-buffer bytes the server provisioned with all connections open.
@@ -73,7 +73,7 @@ pub struct Row {
 
 /// A configuration's figures.
 #[derive(Clone, Debug, Serialize)]
-pub struct Summary {
+pub(super) struct Summary {
     #[serde(flatten)]
     pub config: Config,
     pub receive_buffer_bytes: u64,
@@ -100,7 +100,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn of(config: &Config, rows: &[Row]) -> Option<Summary> {
+    pub(super) fn of(config: &Config, rows: &[Row]) -> Option<Summary> {
         let top = rows
             .iter()
             .max_by(|a, b| a.load_fraction.total_cmp(&b.load_fraction))?;
@@ -132,7 +132,7 @@ impl Summary {
 
 /// What else took the cores during a window.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct Noise {
+pub(super) struct Noise {
     /// Involuntary context switches of the server's workers and of the generator's thread.
     pub server_preemptions: u64,
     pub generator_preemptions: u64,
@@ -142,7 +142,7 @@ pub struct Noise {
 
 /// One window's measurements: the generator's, then the server's for the same calls.
 #[derive(Debug)]
-pub struct Measurement {
+pub(super) struct Measurement {
     /// What the generator counted.
     pub client: Window,
     /// The server-side latency of the window's recorded calls.
@@ -155,7 +155,7 @@ pub struct Measurement {
 
 /// A load point: its planned load as a fraction of the capacity, and in calls/s.
 #[derive(Clone, Copy, Debug)]
-pub struct LoadPoint {
+pub(super) struct LoadPoint {
     /// Planned load, as a fraction of the capacity.
     pub fraction: f64,
     /// Planned load, calls/s.
@@ -165,7 +165,7 @@ pub struct LoadPoint {
 impl Row {
     /// A load point's row from its measurements, for `config` with `open` its counters with
     /// every connection open.
-    pub fn new(
+    pub(super) fn new(
         config: &Config,
         open: &Stats,
         base: &Baseline,
@@ -210,7 +210,7 @@ impl Row {
     /// Order of preference among windows of the same point: within the SLO first, then the
     /// least time stolen by the hypervisor from the server's CPU, then the lowest p99 over all
     /// calls (unanswered calls beyond 1% last), then the lowest p99.
-    pub fn rank(&self) -> (bool, u64, u64, u64) {
+    pub(super) fn rank(&self) -> (bool, u64, u64, u64) {
         (
             !self.within_slo,
             self.noise.server_cpu_steal_ms as u64,

@@ -31,21 +31,21 @@ use super::load::Latency;
 use crate::harness::histogram::new_histogram;
 
 /// Key size, bytes (NEBULA §VI: MICA with 16-byte keys).
-pub const KEY_BYTES: usize = 16;
+pub(super) const KEY_BYTES: usize = 16;
 /// Value size, bytes (NEBULA §VI: 512-byte values).
-pub const VALUE_BYTES: usize = 512;
+pub(super) const VALUE_BYTES: usize = 512;
 /// The read method: payload = key ‖ stamp; reply = the value.
-pub const GET: &str = "Get";
+pub(super) const GET: &str = "Get";
 /// The write method: payload = key ‖ value ‖ stamp; empty reply.
-pub const SET: &str = "Set";
+pub(super) const SET: &str = "Set";
 /// Bytes of the [`Stamp`] that ends every request.
-pub const STAMP_BYTES: usize = 9;
+pub(super) const STAMP_BYTES: usize = 9;
 
 /// What the load generator appends to every request: when it was sent (`CLOCK_MONOTONIC`,
 /// ns) and whether it belongs to a recorded window. The server times a recorded request from
 /// its send to the end of its handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
+pub(super) struct Stamp {
     /// Send time, ns of `CLOCK_MONOTONIC`.
     pub sent_ns: u64,
     /// Whether the server should record the request's latency.
@@ -54,7 +54,7 @@ pub struct Stamp {
 
 impl Stamp {
     /// The 9 bytes on the wire.
-    pub fn to_bytes(self) -> [u8; STAMP_BYTES] {
+    pub(super) fn to_bytes(self) -> [u8; STAMP_BYTES] {
         let mut b = [0u8; STAMP_BYTES];
         b[..8].copy_from_slice(&self.sent_ns.to_le_bytes());
         b[8] = u8::from(self.measured);
@@ -62,7 +62,7 @@ impl Stamp {
     }
 
     /// Splits a request payload into its body and its stamp.
-    pub fn split(payload: &[u8]) -> Option<(&[u8], Stamp)> {
+    pub(super) fn split(payload: &[u8]) -> Option<(&[u8], Stamp)> {
         let at = payload.len().checked_sub(STAMP_BYTES)?;
         let (body, stamp) = payload.split_at(at);
         Some((
@@ -77,11 +77,11 @@ impl Stamp {
 
 /// One value, the first 8 bytes of which always hold its key's number (so that a reader can
 /// check a `Get` returned the value of the key it asked for).
-pub type Value = [u8; VALUE_BYTES];
+pub(super) type Value = [u8; VALUE_BYTES];
 
 /// splitmix64: a well-mixed 64-bit function of `x` (keys, values, the load generator's
 /// random numbers).
-pub fn mix64(x: u64) -> u64 {
+pub(super) fn mix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -89,7 +89,7 @@ pub fn mix64(x: u64) -> u64 {
 }
 
 /// The key numbered `i`: 16 bytes that look random (a hash of `i`, then `i`).
-pub fn key_of(i: u64) -> [u8; KEY_BYTES] {
+pub(super) fn key_of(i: u64) -> [u8; KEY_BYTES] {
     let mut key = [0u8; KEY_BYTES];
     key[..8].copy_from_slice(&mix64(i ^ 0x6b65_795f_6b76_7321).to_le_bytes());
     key[8..].copy_from_slice(&i.to_le_bytes());
@@ -97,7 +97,7 @@ pub fn key_of(i: u64) -> [u8; KEY_BYTES] {
 }
 
 /// Fills `value` for key `i`, version `version`: the key's number, then a pattern.
-pub fn fill_value(value: &mut [u8], i: u64, version: u64) {
+pub(super) fn fill_value(value: &mut [u8], i: u64, version: u64) {
     value[..8].copy_from_slice(&i.to_le_bytes());
     let word = mix64(i ^ version.rotate_left(32)).to_le_bytes();
     for (k, b) in value[8..].iter_mut().enumerate() {
@@ -106,7 +106,7 @@ pub fn fill_value(value: &mut [u8], i: u64, version: u64) {
 }
 
 /// The key number a value says it belongs to.
-pub fn value_key(value: &[u8]) -> Option<u64> {
+pub(super) fn value_key(value: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(value.get(..8)?.try_into().ok()?))
 }
 
@@ -121,7 +121,7 @@ const EMPTY: u32 = u32::MAX;
 
 /// The store: a read-only open-addressing index over a fixed set of keys, and one locked
 /// 512-byte value per key.
-pub struct Store {
+pub(super) struct Store {
     index: Box<[Entry]>,
     mask: usize,
     values: Box<[Mutex<Value>]>,
@@ -129,7 +129,7 @@ pub struct Store {
 
 impl Store {
     /// A store holding keys `0..keys`, each with its initial value.
-    pub fn preload(keys: u32) -> Store {
+    pub(super) fn preload(keys: u32) -> Store {
         // Load factor ≤ 0.5: short probe sequences, as MICA's lossy index mostly hits the
         // first bucket.
         let slots = (keys as usize * 2).next_power_of_two().max(16);
@@ -165,7 +165,7 @@ impl Store {
     }
 
     /// Number of keys.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.values.len()
     }
 
@@ -187,7 +187,7 @@ impl Store {
 
     /// Serves one request (the handler of the service, but for the stamp: `body` is the
     /// payload without it).
-    pub fn handle(
+    pub(super) fn handle(
         &self,
         method: &str,
         body: &[u8],
@@ -318,7 +318,7 @@ impl ServerArgs {
 
 /// The server's counters, as the `stats` command prints them.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct Stats {
+pub(super) struct Stats {
     /// Connections open.
     pub connections: u32,
     /// Requests answered.
@@ -344,7 +344,7 @@ pub struct Stats {
 /// What the `window` command reports: the server-side latency (send to end of handler) of
 /// the recorded requests since the previous `window`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
-pub struct ServerWindow {
+pub(super) struct ServerWindow {
     /// Latency summary.
     pub latency: Latency,
     /// The latency at the quantile the command asked for, µs (0 without requests).
@@ -353,7 +353,7 @@ pub struct ServerWindow {
 
 /// Result of `calibrate`: the handler's own time, with no transport.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
-pub struct Calibration {
+pub(super) struct Calibration {
     /// Requests timed.
     pub requests: u64,
     /// Mean handler time of a `Get`, ns.
@@ -366,7 +366,7 @@ pub struct Calibration {
 
 /// Runs the key-value operation of `n` random requests (half `Get`, half `Set`) in this
 /// thread and times them.
-pub fn calibrate(store: &Store, n: u64) -> Calibration {
+pub(super) fn calibrate(store: &Store, n: u64) -> Calibration {
     let keys = store.len() as u64;
     let mut body = vec![0u8; KEY_BYTES + VALUE_BYTES];
     let mut out = Vec::with_capacity(VALUE_BYTES);
@@ -441,7 +441,7 @@ fn handler(
 }
 
 /// The `server` peer role: serves the store until stdin ends.
-pub fn serve(args: ServerArgs) -> anyhow::Result<()> {
+pub(super) fn serve(args: ServerArgs) -> anyhow::Result<()> {
     if let Some(cpu) = args.helper_cpu {
         // Before binding: the acceptor thread inherits it (the workers are pinned by the
         // runtime, from `ServerConfig::pin_cpus`).

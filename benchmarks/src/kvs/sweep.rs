@@ -21,7 +21,7 @@ use crate::harness::{Peer, Stop};
 const WORKER_SPIN_US: u64 = 10_000;
 
 /// Where the peers run and what they all need.
-pub struct Ctx {
+pub(super) struct Ctx {
     /// The run's socket directory.
     pub dir: String,
     /// Keys in the store.
@@ -35,7 +35,7 @@ pub struct Ctx {
 impl Ctx {
     /// Starts the key-value server of `config` as `service`, with the SLO (server-side p99,
     /// mean service time; µs) if the configuration has one.
-    pub fn server(
+    pub(super) fn server(
         &self,
         service: &str,
         config: &Config,
@@ -96,7 +96,7 @@ impl Ctx {
     }
 
     /// Starts a load generator with `connections` connections to `service`.
-    pub fn generator(&self, service: &str, connections: usize) -> anyhow::Result<Peer> {
+    pub(super) fn generator(&self, service: &str, connections: usize) -> anyhow::Result<Peer> {
         let mut args: Vec<String> = ["load", "--dir", &self.dir, "--service", service]
             .map(String::from)
             .to_vec();
@@ -159,7 +159,7 @@ fn measure_point(
 }
 
 /// Measures the service time, the SLO and the capacity on the reference server.
-pub fn baseline(ctx: &Ctx, quick: bool, work_us: f64) -> anyhow::Result<Baseline> {
+pub(super) fn baseline(ctx: &Ctx, quick: bool, work_us: f64) -> anyhow::Result<Baseline> {
     let reference = Config::new(
         "reference",
         Provisioning::Shared,
@@ -284,7 +284,7 @@ impl<'c> Running<'c> {
 /// Sweeps `configs` together: at each load point, each configuration in turn (the order
 /// alternating from point to point), so that a drift of the shared host hits the
 /// configurations compared alike. Returns each configuration's rows.
-pub fn sweep(
+pub(super) fn sweep(
     ctx: &Ctx,
     base: &Baseline,
     configs: &[&Config],

@@ -12,14 +12,14 @@ use tokio::net::TcpStream;
 
 /// A connection to a gRPC server, cheap to clone (clones share the connection).
 #[derive(Clone)]
-pub struct H2Client {
+pub(super) struct H2Client {
     send: h2::client::SendRequest<Bytes>,
     authority: String,
 }
 
 /// One unary call's request: path, extra headers, and the length-prefixed message.
 #[derive(Clone, Debug)]
-pub struct UnaryCall {
+pub(super) struct UnaryCall {
     pub path: &'static str,
     pub headers: Vec<(&'static str, HeaderValue)>,
     /// The gRPC frame: flag byte, 4-byte big-endian length, message.
@@ -31,7 +31,7 @@ pub struct UnaryCall {
 impl UnaryCall {
     /// A call of `path` carrying `message` (its protobuf encoding) whose reply message is
     /// `reply_len` bytes long.
-    pub fn new(path: &'static str, message: &[u8], reply_len: usize) -> UnaryCall {
+    pub(super) fn new(path: &'static str, message: &[u8], reply_len: usize) -> UnaryCall {
         let mut frame = Vec::with_capacity(5 + message.len());
         frame.push(0);
         frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
@@ -45,7 +45,7 @@ impl UnaryCall {
     }
 
     /// Adds a request header (gRPC metadata).
-    pub fn header(mut self, name: &'static str, value: HeaderValue) -> UnaryCall {
+    pub(super) fn header(mut self, name: &'static str, value: HeaderValue) -> UnaryCall {
         self.headers.push((name, value));
         self
     }
@@ -54,7 +54,7 @@ impl UnaryCall {
 impl H2Client {
     /// Connects to `addr` (`host:port`, plain-text HTTP/2). The connection's task is spawned
     /// on the current runtime.
-    pub async fn connect(addr: &str) -> anyhow::Result<H2Client> {
+    pub(super) async fn connect(addr: &str) -> anyhow::Result<H2Client> {
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let (send, connection) = h2::client::Builder::new()
@@ -73,7 +73,7 @@ impl H2Client {
     }
 
     /// Makes one unary call; fails on anything but an OK reply of the expected length.
-    pub async fn unary(&self, call: &UnaryCall) -> anyhow::Result<()> {
+    pub(super) async fn unary(&self, call: &UnaryCall) -> anyhow::Result<()> {
         let mut send = self.send.clone().ready().await?;
         let mut request = Request::post(format!("http://{}{}", self.authority, call.path))
             .header("content-type", "application/grpc")

@@ -35,7 +35,7 @@ impl Echo for WorkEcho {
 
 /// The `split-baseline` peer role: the whole service in one tonic process, on the one core
 /// the business logic gets in the split setup.
-pub fn serve_baseline(pin_cpu: Option<usize>) -> anyhow::Result<()> {
+pub(super) fn serve_baseline(pin_cpu: Option<usize>) -> anyhow::Result<()> {
     if let Some(cpu) = pin_cpu {
         netless_shm::pin_current_thread(cpu)?;
     }
@@ -65,7 +65,7 @@ pub fn serve_baseline(pin_cpu: Option<usize>) -> anyhow::Result<()> {
 }
 
 /// The `split-logic` peer role: the business logic behind the gateway, on netless.
-pub fn serve_logic(pin_cpu: Option<usize>) -> anyhow::Result<()> {
+pub(super) fn serve_logic(pin_cpu: Option<usize>) -> anyhow::Result<()> {
     if let Some(cpu) = pin_cpu {
         netless_shm::pin_current_thread(cpu)?;
     }

@@ -30,6 +30,7 @@ pub const SHUTDOWN: Duration = Duration::from_secs(5);
 const OUTPUT: Duration = Duration::from_secs(30);
 
 /// A fresh mode-0700 directory under the system temp dir, removed on drop.
+#[derive(Debug)]
 pub struct TestDir {
     pub path: PathBuf,
 }
@@ -113,6 +114,7 @@ impl Output {
 
 /// A running process of the binary under test; killed with its process group if dropped
 /// while running.
+#[derive(Debug)]
 pub struct Proc {
     pub what: String,
     child: Child,
