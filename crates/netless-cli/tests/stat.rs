@@ -14,7 +14,7 @@ use common::*;
 fn start_server(dir: &TestDir, service: &str, extra: &[&str]) -> Proc {
     let mut args = vec!["echo-server", "--service", service];
     args.extend_from_slice(extra);
-    let mut server = Proc::spawn(dir, &args);
+    let mut server = spawn(dir, &args);
     run_until_ok(dir, &mut server, &["stat", service, "--json"]);
     server
 }

@@ -12,10 +12,25 @@ use anyhow::Context as _;
 use netless::{Request, ResponseBuilder, Server, ServerConfig, Status, WaitMode, WaitPolicy};
 use prost::Message as _;
 
-use crate::bench::proto::pb::{EchoReply, EchoRequest};
-
 /// The protobuf echo method's path.
 pub const PROTO_METHOD: &str = "/netless.bench.Echo/Echo";
+
+/// `netless.bench.EchoRequest`, the protobuf echo method's request: `bytes payload = 1`
+/// (the benchmarks' `proto/echo.proto`, whose clients send it).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EchoRequest {
+    /// The bytes to echo.
+    #[prost(bytes = "vec", tag = "1")]
+    pub payload: Vec<u8>,
+}
+
+/// `netless.bench.EchoReply`: `bytes payload = 1`, the request's payload.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EchoReply {
+    /// The request's bytes.
+    #[prost(bytes = "vec", tag = "1")]
+    pub payload: Vec<u8>,
+}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -1,5 +1,6 @@
-//! The user-facing subcommands other than `bench`.
+//! The user's tools, one module per subcommand.
 
+pub mod bench;
 pub mod ctl;
 pub mod echo_server;
 pub mod gateway;
