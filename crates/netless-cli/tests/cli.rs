@@ -290,3 +290,17 @@ fn bench_names_or_runs_the_benchmark_binary() {
     assert_eq!(out.status.code(), Some(0), "{report}");
     assert_eq!(out.stdout, "--quick --json x y\n", "{report}");
 }
+
+/// The `netless` binary these tests run is the one users get: built without the netless
+/// crate's test-only fault-injection hooks. Cargo builds them into every crate of a run that
+/// also builds the netless crate's own tests (which enable them), so `scripts/test` runs
+/// those apart.
+#[test]
+fn the_binary_under_test_has_no_fault_injection_hooks() {
+    assert!(
+        !netless::fault_injection_enabled(),
+        "netless was built with its fault-injection hooks: test the binaries without the \
+         netless crate's own tests (cargo test --workspace --exclude netless), as \
+         scripts/test does"
+    );
+}

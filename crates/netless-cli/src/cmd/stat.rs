@@ -121,7 +121,7 @@ pub(crate) struct Socket {
 
 impl Socket {
     /// `SERVICE` or `SERVICE#N`, as shown to the user.
-    pub fn display_name(&self) -> String {
+    pub(crate) fn display_name(&self) -> String {
         match self.replica {
             Some(n) => format!("{}#{n}", self.service),
             None => self.service.clone(),
@@ -131,7 +131,7 @@ impl Socket {
     /// Parses a socket file name; `None` for anything but a server's socket (page-pool
     /// domain sockets `netless-domain.*.sock` included). The service is the name up to the
     /// last `#` (or `.sock`); [`netless::replica_of`] reads the replica number.
-    pub fn parse(file_name: &str) -> Option<Socket> {
+    pub(crate) fn parse(file_name: &str) -> Option<Socket> {
         let stem = file_name.strip_suffix(".sock")?;
         if stem.starts_with('.') || stem.starts_with("netless-domain.") {
             return None;

@@ -7,22 +7,22 @@
 
 use std::time::Duration;
 
-pub use netless_testing::{Output, Proc, TestDir, SHORT, SHUTDOWN, STARTUP};
+pub(crate) use netless_testing::{Output, Proc, TestDir, SHORT, SHUTDOWN, STARTUP};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_netless");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_netless");
 
 /// Starts `netless <args>` (see [`Proc::spawn`]).
-pub fn spawn(dir: &TestDir, args: &[&str]) -> Proc {
+pub(crate) fn spawn(dir: &TestDir, args: &[&str]) -> Proc {
     Proc::spawn(BIN, dir, args)
 }
 
 /// Runs `netless <args>` to completion (at most `timeout`).
-pub fn run(dir: &TestDir, args: &[&str], timeout: Duration) -> Output {
+pub(crate) fn run(dir: &TestDir, args: &[&str], timeout: Duration) -> Output {
     netless_testing::run(BIN, dir, args, timeout)
 }
 
 /// Runs `netless <args>` until it succeeds, while `server` comes up (see
 /// [`netless_testing::run_until_ok`]).
-pub fn run_until_ok(dir: &TestDir, server: &mut Proc, args: &[&str]) -> Output {
+pub(crate) fn run_until_ok(dir: &TestDir, server: &mut Proc, args: &[&str]) -> Output {
     netless_testing::run_until_ok(BIN, dir, server, args)
 }

@@ -28,7 +28,7 @@ use serde::Serialize;
 /// Service-time distributions of NEBULA §IV-C (from ZygOS), each with mean 1 (= S).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Distribution {
+pub(super) enum Distribution {
     /// Every request takes exactly S.
     Deterministic,
     /// Exponential with mean S.
@@ -39,14 +39,14 @@ pub enum Distribution {
 
 impl Distribution {
     /// All three, in NEBULA Table I's order.
-    pub const ALL: [Distribution; 3] = [
+    pub(super) const ALL: [Distribution; 3] = [
         Distribution::Deterministic,
         Distribution::Exponential,
         Distribution::Bimodal,
     ];
 
     /// Capitalised name, as in NEBULA Table I's rows.
-    pub fn title(self) -> &'static str {
+    pub(super) fn title(self) -> &'static str {
         match self {
             Distribution::Deterministic => "Deterministic",
             Distribution::Exponential => "Exponential",
@@ -73,7 +73,7 @@ impl Distribution {
 /// How arrivals are assigned to workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Dispatch {
+pub(super) enum Dispatch {
     /// One FIFO shared by all workers; an idle worker takes the oldest request (RPCValet,
     /// NEBULA).
     Single,
@@ -83,10 +83,10 @@ pub enum Dispatch {
 
 impl Dispatch {
     /// Both policies, single queue first.
-    pub const ALL: [Dispatch; 2] = [Dispatch::Single, Dispatch::Partitioned];
+    pub(super) const ALL: [Dispatch; 2] = [Dispatch::Single, Dispatch::Partitioned];
 
     /// Name for table headings.
-    pub fn title(self) -> &'static str {
+    pub(super) fn title(self) -> &'static str {
         match self {
             Dispatch::Single => "single queue",
             Dispatch::Partitioned => "partitioned",
@@ -96,7 +96,7 @@ impl Dispatch {
 
 /// The server being simulated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Scenario {
+pub(super) struct Scenario {
     /// Workers (cores), `k`.
     pub workers: u32,
     /// Service-time distribution.
@@ -107,7 +107,7 @@ pub struct Scenario {
 
 /// One run of a [`Scenario`].
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Run {
+pub(super) struct Run {
     /// Utilisation ρ = λ·S/k, in (0, 1) for a stable queue.
     pub load: f64,
     /// Requests measured.
@@ -120,7 +120,7 @@ pub struct Run {
 
 /// What a run measured; times in units of S, queues in requests.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Measured {
+pub(super) struct Measured {
     /// Requests measured (after the warm-up).
     pub requests: u64,
     /// Mean latency (arrival to completion).
@@ -143,7 +143,7 @@ const LATENCY_MAX: u64 = 1_000_000_000_000;
 
 /// Simulates `run.warmup + run.requests` arrivals at `scenario`'s server and measures the
 /// last `run.requests`. Deterministic in `(scenario, run)`.
-pub fn simulate(scenario: &Scenario, run: &Run) -> Measured {
+pub(super) fn simulate(scenario: &Scenario, run: &Run) -> Measured {
     let k = scenario.workers.max(1);
     let rate = f64::from(k) * run.load;
     let mut arrivals = Rng::new(run.seed, 1);
@@ -394,14 +394,14 @@ impl Stats {
 
 /// xoshiro256++ seeded through splitmix64: small, fast and good enough for simulation; one
 /// instance per random stream.
-pub struct Rng {
+pub(super) struct Rng {
     state: [u64; 4],
 }
 
 impl Rng {
     /// The stream `stream` of seed `seed`; different streams of one seed are independent
     /// for any practical purpose.
-    pub fn new(seed: u64, stream: u64) -> Rng {
+    pub(super) fn new(seed: u64, stream: u64) -> Rng {
         let mut x = seed ^ stream.wrapping_mul(0xd1b5_4a32_d192_ed03);
         let mut next = || {
             x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -416,7 +416,7 @@ impl Rng {
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(super) fn next_u64(&mut self) -> u64 {
         let s = &mut self.state;
         let result = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
         let t = s[1] << 17;
@@ -430,17 +430,17 @@ impl Rng {
     }
 
     /// Uniform in (0, 1], 53 bits.
-    pub fn unit(&mut self) -> f64 {
+    pub(super) fn unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
     /// Exponential with mean 1, by inverse transform.
-    pub fn exponential(&mut self) -> f64 {
+    pub(super) fn exponential(&mut self) -> f64 {
         -self.unit().ln()
     }
 
     /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2⁻³² for any `n`).
-    pub fn below(&mut self, n: u32) -> u32 {
+    pub(super) fn below(&mut self, n: u32) -> u32 {
         (((self.next_u64() >> 32) * u64::from(n)) >> 32) as u32
     }
 }

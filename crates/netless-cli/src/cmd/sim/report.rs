@@ -11,7 +11,7 @@ use super::engine::{Dispatch, Distribution, Measured};
 
 /// One point of a load sweep.
 #[derive(Clone, Debug, Serialize)]
-pub struct PointRow {
+pub(super) struct PointRow {
     /// Workers, `k`.
     pub workers: u32,
     /// Service-time distribution.
@@ -29,7 +29,7 @@ pub struct PointRow {
 
 /// The highest load at which a server meets the SLO (a row of NEBULA Table I).
 #[derive(Clone, Debug, Serialize)]
-pub struct SloRow {
+pub(super) struct SloRow {
     /// Workers, `k`.
     pub workers: u32,
     /// Service-time distribution.
@@ -53,7 +53,7 @@ pub struct SloRow {
 
 /// One row of the self-check against Erlang-C (M/M/k, single queue).
 #[derive(Clone, Debug, Serialize)]
-pub struct CheckRow {
+pub(super) struct CheckRow {
     /// Workers, `k`.
     pub workers: u32,
     /// Utilisation ρ.
@@ -74,7 +74,7 @@ pub struct CheckRow {
 
 /// Everything one `netless sim` invocation found.
 #[derive(Clone, Debug, Serialize)]
-pub struct Report {
+pub(super) struct Report {
     /// Always `"sim"`.
     pub experiment: &'static str,
     /// Unit of every time in the report.
@@ -105,7 +105,7 @@ pub struct Report {
 
 impl Report {
     /// Writes the report as pretty-printed JSON to `path`.
-    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+    pub(super) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let text = serde_json::to_string_pretty(self).expect("a report always serialises");
         std::fs::write(path, text + "\n")
             .with_context(|| format!("writing the JSON report to {}", path.display()))
@@ -113,7 +113,7 @@ impl Report {
 
     /// The sweep tables: p99 latency (and the rest) against load, one table per workers,
     /// distribution and dispatch.
-    pub fn sweep_tables(&self) -> String {
+    pub(super) fn sweep_tables(&self) -> String {
         let mut out = String::new();
         let mut rows = self.points.iter().peekable();
         while let Some(first) = rows.peek().cloned() {
@@ -156,7 +156,7 @@ impl Report {
 
     /// The highest load meeting the SLO and the p99 queue depth there, in the shape of
     /// NEBULA Table I: one table per workers and dispatch.
-    pub fn slo_tables(&self) -> String {
+    pub(super) fn slo_tables(&self) -> String {
         let mut out = String::new();
         let Some(first) = self.max_load_at_slo.first() else {
             return out;
@@ -208,7 +208,7 @@ impl Report {
     }
 
     /// The Erlang-C check rows with PASS/FAIL.
-    pub fn check_table(&self) -> String {
+    pub(super) fn check_table(&self) -> String {
         let mut out = String::new();
         if self.erlang_c_check.is_empty() {
             return out;
