@@ -202,11 +202,11 @@ impl WorkerContext<'_> {
     ) -> Result<(), &'static str> {
         let stats = self.stats;
         let deferred = builder.is_deferred();
+        let body = builder.body();
         if result.is_ok() && !deferred {
             // Tallied, and added to the stats before the reply can go out: at once for a
             // lone request, when the batch's replies go out for a batched one.
-            self.outbox
-                .count_ok(u64::from(body_len), builder.body().len() as u64);
+            self.outbox.count_ok(u64::from(body_len), body.len() as u64);
         } else {
             // An error, or a deferred reply (sent by whoever holds it): counted now.
             bump(&stats.calls, 1);
@@ -220,11 +220,9 @@ impl WorkerContext<'_> {
         let sent = match result {
             // The handle sends the reply (or its drop sends an error).
             _ if deferred => Ok(()),
-            Ok(()) => {
-                let (metadata, body) = (&builder.metadata, builder.body());
-                self.outbox
-                    .reply(conn, call_id, Code::Ok.into(), metadata, body)
-            }
+            Ok(()) => self
+                .outbox
+                .reply(conn, call_id, Code::Ok.into(), &builder.metadata, body),
             Err(status) => {
                 bump(&stats.errors, 1);
                 let message = status.message().as_bytes();

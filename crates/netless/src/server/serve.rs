@@ -63,15 +63,17 @@ pub(super) fn free_blocks(words: &[AtomicU32]) {
     }
 }
 
-/// The compact request after a body that ends at `end` in a batch's run: its header,
-/// checked as `validate_shape` would check its expansion, and where its body starts (which,
-/// with its length, then lies inside the run).
+/// A compact request of a batch: its header, its body, and where the body ends in the run.
+type Compact<'s> = (CompactHeader, &'s [u8], usize);
+
+/// The compact request after a body that ends at `end` in a batch's run: its header, checked
+/// as `validate_shape` would check its expansion, its body, and where that ends.
 #[inline(always)]
-fn next_compact(
-    run: BlockRun<'_>,
+fn next_compact<'s>(
+    run: BlockRun<'s>,
     end: usize,
     max_message: usize,
-) -> Result<(CompactHeader, usize), &'static str> {
+) -> Result<Compact<'s>, &'static str> {
     let offset = align8(end);
     let c = run
         .compact_header(offset)
@@ -81,8 +83,11 @@ fn next_compact(
     }
     let body_at = offset + COMPACT_HEADER_LEN;
     c.validate_shape(max_message, run.len() - body_at)?;
+    let body = run
+        .bytes(body_at, usize::from(c.body_len))
+        .ok_or("a batched request runs past its blocks")?;
     prefetch_read_range(run.as_ptr().wrapping_add(offset), 2 * 64, 2);
-    Ok((c, body_at))
+    Ok((c, body, body_at + body.len()))
 }
 
 impl<'s> WorkerContext<'s> {
@@ -200,32 +205,33 @@ impl<'s> WorkerContext<'s> {
             return Err("a batched request is a fragment");
         }
         h.validate_shape(max_message, run.len() - body_at)?;
+        // body_at + frag_len <= the run's length (validate_shape, against the room left).
+        let mut body = run
+            .bytes(body_at, h.frag_len as usize)
+            .ok_or("a batched request runs past its blocks")?;
         loop {
-            // body_at + frag_len <= the run's length (the first request's validate_shape, or
-            // the compact header's, against the room left).
-            let fragment = run
-                .bytes(body_at, h.frag_len as usize)
-                .ok_or("a batched request runs past its blocks")?;
-            self.dispatch(conn, &h, fragment, same_method, || {})?;
+            self.dispatch(conn, &h, body, same_method, || {})?;
             count += 1;
             if !more {
                 break;
             }
-            let (mut c, mut at) = next_compact(run, body_at + fragment.len(), max_message)?;
+            let mut next = next_compact(run, body_at + body.len(), max_message)?;
             // The method just served, called again: the lean path, unless these requests
             // are refused unrun or go to the runtime's own methods.
-            if c.flags & compact_flags::SAME_METHOD != 0
+            if next.0.flags & compact_flags::SAME_METHOD != 0
                 && self.refused.is_none()
                 && !self.method_is_control
             {
-                match self.serve_same_method(conn, run, (c, at), &mut count)? {
-                    Some(next) => (c, at) = next,
+                match self.serve_same_method(conn, run, next, &mut count)? {
+                    Some(other) => next = other,
                     None => break,
                 }
             }
+            let (c, next_body, end) = next;
             more = c.flags & compact_flags::MORE != 0;
             same_method = c.flags & compact_flags::SAME_METHOD != 0;
-            body_at = at;
+            body_at = end - next_body.len();
+            body = next_body;
             h = c.expand(first);
         }
         self.batch = count;
@@ -242,16 +248,12 @@ impl<'s> WorkerContext<'s> {
         &mut self,
         conn: &Arc<Conn>,
         run: BlockRun<'s>,
-        next: (CompactHeader, usize),
+        next: Compact<'s>,
         count: &mut u32,
-    ) -> Result<Option<(CompactHeader, usize)>, &'static str> {
-        let (mut c, mut body_at) = next;
+    ) -> Result<Option<Compact<'s>>, &'static str> {
+        let (mut c, mut body, mut end) = next;
         let max_message = self.server.config.max_message;
         self.with_builder(conn, |request, builder, cx| loop {
-            // body_at + body_len <= the run's length (next_compact).
-            let Some(body) = run.bytes(body_at, usize::from(c.body_len)) else {
-                break Err("a batched request runs past its blocks");
-            };
             let call_id = u64::from(c.call_id);
             builder.reset(call_id);
             request.payload = body;
@@ -264,8 +266,8 @@ impl<'s> WorkerContext<'s> {
             if c.flags & compact_flags::MORE == 0 {
                 break Ok(None);
             }
-            match next_compact(run, body_at + body.len(), max_message) {
-                Ok((n, at)) if n.flags & compact_flags::SAME_METHOD != 0 => (c, body_at) = (n, at),
+            match next_compact(run, end, max_message) {
+                Ok(n) if n.0.flags & compact_flags::SAME_METHOD != 0 => (c, body, end) = n,
                 Ok(other) => break Ok(Some(other)),
                 Err(why) => break Err(why),
             }
