@@ -38,7 +38,7 @@ pub enum ClientFault {
     /// format retired in protocol 9.
     PlainBatch,
     /// The published consumer head rewound to 0, so the queue looks as deep as every
-    /// request ever sent (clients then refuse to call under an SLO), and no doorbell rung.
+    /// request ever sent (clients then refuse to call under an SLO), and nobody notified.
     StaleHead,
 }
 

@@ -339,7 +339,7 @@ impl Client {
         &self.handle.conn
     }
 
-    /// The doorbell this connection's replies ring, for a server worker to sleep on
+    /// The doorbell this connection's replies notify, for a server worker to sleep on
     /// ([`Handler::wake_sources`](crate::Handler::wake_sources)).
     pub fn wake_source(&self) -> WakeSource {
         let conn = &self.handle.conn;

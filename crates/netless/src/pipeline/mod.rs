@@ -98,7 +98,7 @@ impl Pipeline {
         })
     }
 
-    /// The doorbell this pipeline's replies ring: a server whose handler forwards calls on
+    /// The doorbell this pipeline's replies notify: a server whose handler forwards calls on
     /// it returns this from [`Handler::wake_sources`](crate::Handler::wake_sources), so its
     /// worker wakes for replies as well as requests.
     pub fn wake_source(&self) -> crate::WakeSource {

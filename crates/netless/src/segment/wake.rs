@@ -12,7 +12,7 @@ use netless_ring::DoorbellWords;
 
 use super::ConnSegment;
 
-/// The doorbell a connection's replies ring: see [`Client::wake_source`](crate::Client::wake_source)
+/// The doorbell a connection's replies notify: see [`Client::wake_source`](crate::Client::wake_source)
 /// and [`Pipeline::wake_source`](crate::Pipeline::wake_source). Cheap to clone.
 #[derive(Clone)]
 pub struct WakeSource {

@@ -37,7 +37,7 @@ pub trait Handler: Send + Sync + 'static {
     ///
     /// A worker calls it after every queue entry it serves and whenever its queue is empty
     /// (while it spins, and before it sleeps: a `true` keeps it awake). Replies sent from
-    /// here ring each client's doorbell once, when `poll` returns. The default does nothing.
+    /// here notify each client once, when `poll` returns. The default does nothing.
     fn poll(&self, worker: usize) -> bool {
         let _ = worker;
         false
