@@ -63,10 +63,10 @@ pub fn inject(client: &Client, fault: ClientFault) {
         ..WireHeader::default()
     };
     let view = replica.queue_for(conn_index);
-    let queue = &view.queue;
+    let queue = view.queue();
     match fault {
         ClientFault::StaleHead => {
-            view.head.position.store(0, Ordering::Relaxed);
+            view.head().position.store(0, Ordering::Relaxed);
             return;
         }
         ClientFault::GarbageQueue => {
@@ -76,7 +76,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
             // And a free (unleased) block with a plausible header.
             write_at(replica, nblocks - 1, &header);
             let _ = queue.try_enqueue(nblocks - 1);
-            netless_ring::notify(view.doorbell);
+            netless_ring::notify(view.doorbell());
             return;
         }
         ClientFault::BadLength => header.frag_len = (block * 4) as u32,
@@ -96,7 +96,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
                 dst.write(0, &[short.as_bytes()]);
             }
             let _ = queue.try_enqueue(start);
-            netless_ring::notify(view.doorbell);
+            netless_ring::notify(view.doorbell());
             return;
         }
         ClientFault::ForeignBlocks => {}
@@ -113,7 +113,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
                 }
             }
             let _ = queue.try_enqueue(start);
-            netless_ring::notify(view.doorbell);
+            netless_ring::notify(view.doorbell());
             return;
         }
         ClientFault::BadCompactBatch | ClientFault::BadSameMethod => {
@@ -142,7 +142,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
                 dst.write(HEADER_LEN + 16, &[second.as_bytes()]);
             }
             let _ = queue.try_enqueue(start);
-            netless_ring::notify(view.doorbell);
+            netless_ring::notify(view.doorbell());
             return;
         }
     }
@@ -157,7 +157,7 @@ pub fn inject(client: &Client, fault: ClientFault) {
     };
     write_at(replica, start, &header);
     let _ = queue.try_enqueue(start);
-    netless_ring::notify(view.doorbell);
+    netless_ring::notify(view.doorbell());
 }
 
 fn write_at(replica: &ReplicaSegment, block: u32, header: &WireHeader) {

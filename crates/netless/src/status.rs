@@ -236,7 +236,7 @@ impl ReplyCode {
         (!not_run || code == Code::ResourceExhausted).then_some(ReplyCode { code, not_run })
     }
 
-    /// The one-byte form a [`CompactReply`](crate::layout::CompactReply) carries: the code
+    /// The one-byte form a [`CompactReply`](crate::wire::header::CompactReply) carries: the code
     /// (0–16) in the low bits, NOT_RUN in bit 7.
     pub(crate) fn wire8(self) -> u8 {
         self.code as u8 | if self.not_run { 0x80 } else { 0 }

@@ -35,8 +35,6 @@ pub(crate) struct Connection {
     pub(crate) replica: ReplicaSegment,
     /// Our segment: the response ring and our doorbell (kept mapped by `WakeSource`s too).
     pub(super) segment: Arc<ConnSegment>,
-    /// The doorbell in `segment`, where the server notifies us.
-    pub(crate) doorbell: &'static DoorbellWords,
     pub(crate) conn_index: u32,
     pub(crate) token: u64,
     pub(crate) server_max_message: usize,
@@ -102,12 +100,17 @@ impl Connection {
             reaper_thread: Mutex::new(None),
             config: h.config,
             replica: h.replica,
-            doorbell: segment.doorbell(),
             segment,
             conn_index: h.conn_index,
             token: h.token,
             socket: h.socket,
         }
+    }
+
+    /// Our doorbell, where the server notifies us.
+    #[inline(always)]
+    pub(crate) fn doorbell(&self) -> &DoorbellWords {
+        self.segment.doorbell()
     }
 
     /// Whether the connection is gone.
@@ -160,7 +163,7 @@ impl Connection {
             return;
         }
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
-        netless_ring::notify_all(self.doorbell);
+        netless_ring::notify_all(self.doorbell());
         self.slots.wake_callers();
         self.unpark_reaper();
     }

@@ -132,7 +132,7 @@ impl Future for CallFuture {
                     }
                     if claimed {
                         // Get the reaper out of its wait (where it holds the ring).
-                        netless_ring::notify(shared.doorbell);
+                        netless_ring::notify(shared.doorbell());
                     }
                 }
                 // The spinner polls the ring in place for a moment before handing the task

@@ -83,7 +83,7 @@ impl Reaper {
                 continue;
             }
             let _ = netless_ring::wait(
-                conn.doorbell,
+                conn.doorbell(),
                 &policy,
                 Some(Instant::now() + Duration::from_millis(5)),
                 MAX_SLEEP,

@@ -234,9 +234,9 @@ impl RequestSend<'_> {
                 conn.lease.unclaim(table, start, count);
                 return Err(Status::internal("a request's blocks do not hold it"));
             }
-            match queue.queue.try_enqueue(start) {
+            match queue.queue().try_enqueue(start) {
                 Ok(()) => {
-                    netless_ring::notify(queue.doorbell);
+                    netless_ring::notify(queue.doorbell());
                     return Ok(());
                 }
                 Err(e) => {

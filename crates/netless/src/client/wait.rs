@@ -80,7 +80,7 @@ impl Connection {
                         }
                     }
                     let waited = netless_ring::wait(
-                        self.doorbell,
+                        self.doorbell(),
                         &self.config.wait,
                         deadline,
                         MAX_SLEEP,

@@ -154,7 +154,7 @@ impl Batcher {
                 // idle would take from that.
                 let slo = conn.replica.server_control().slo_ns.load(Ordering::Relaxed);
                 let budget = if slo == 0 {
-                    conn.lease.partition_len() / (4 * conn.replica.sharers())
+                    conn.lease.partition_len() / conn.replica.sharers().saturating_mul(4)
                 } else {
                     0
                 };
@@ -234,7 +234,7 @@ impl Batcher {
                 && (staged.count == 1
                     || run.write(staged.last + COMPACT_FLAGS_AT, &[&[staged.last_flags]]))
         });
-        debug_assert!(written, "a staged run holds its first header");
+        assert!(written, "a staged run holds its first header");
         let out = Outgoing {
             start: staged.start,
             used,
@@ -256,9 +256,9 @@ impl Batcher {
         let table = conn.replica.table();
         let block = conn.replica.block_size();
         let q = conn.replica.queue_for(conn.conn_index);
-        match q.queue.try_enqueue(out.start) {
+        match q.queue().try_enqueue(out.start) {
             Ok(()) => {
-                netless_ring::notify(q.doorbell);
+                netless_ring::notify(q.doorbell());
                 self.batches += 1;
                 self.batched += u64::from(out.count);
                 self.last_batch = out.count;
@@ -280,7 +280,7 @@ impl Batcher {
                         );
                     }
                 }
-                q.queue.prefetch_cell_ahead(8);
+                q.queue().prefetch_cell_ahead(8);
             }
             Err(e) => {
                 match out.kept {

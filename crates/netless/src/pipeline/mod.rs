@@ -237,7 +237,7 @@ impl Pipeline {
             .replica
             .run(run.start, used)
             .is_some_and(|dst| dst.write(0, &[header.as_bytes(), method.as_bytes(), payload]));
-        debug_assert!(written, "a kept run holds a lone request");
+        assert!(written, "a kept run holds a lone request");
         if !same_bytes(batch.last_method.as_bytes(), method.as_bytes()) {
             batch.last_method.clear();
             batch.last_method.push_str(method);
@@ -358,7 +358,7 @@ impl Pipeline {
             // The run is ours (OWNED, unpublished) and `first_need` bytes fit in it
             // (`Batcher::open`): the header's room, then the body.
             let written = run.write(staged.used + first_len, &[method.as_bytes(), payload]);
-            debug_assert!(written, "a new batch's run holds its first request");
+            assert!(written, "a new batch's run holds its first request");
             staged.last = staged.used;
             staged.used += first_need;
             staged.count = 1;
@@ -366,7 +366,7 @@ impl Pipeline {
             // `compactable` (or the batch would have been published): the fields fit; and
             // `used + compact_need` fits in the run (checked above).
             let written = staged.write_compact(run, call_id, method, payload, repeats);
-            debug_assert!(written, "an open batch's run holds what fits it");
+            assert!(written, "an open batch's run holds what fits it");
         }
         if !repeats {
             self.batch.last_method.clear();
@@ -410,7 +410,7 @@ impl Pipeline {
         // The batch holds a request, the fields fit a compact header and `used + need` fits
         // in the run (all checked above).
         let written = staged.write_compact(run, call_id, method, payload, true);
-        debug_assert!(written, "an open batch's run holds what fits it");
+        assert!(written, "an open batch's run holds what fits it");
         let batch_max = ctrl.batch_max.load(Ordering::Relaxed).clamp(1, 256);
         let adaptive = ctrl.batch_mode.load(Ordering::Relaxed) == batch_mode::ADAPTIVE;
         self.staged_one(call_id, batch_max, adaptive);
@@ -491,7 +491,7 @@ impl Pipeline {
         let conn = self.client.connection();
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let ready = netless_ring::wait(
-            conn.doorbell,
+            conn.doorbell(),
             &conn.config.wait,
             deadline,
             Duration::from_millis(100),

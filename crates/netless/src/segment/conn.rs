@@ -89,7 +89,7 @@ impl ConnSegment {
         let doorbell = unsafe { &*(segment.as_ptr().add(DOORBELL_OFFSET) as *const DoorbellWords) };
         Ok((ConnSegment { doorbell, segment }, producer))
     }
-    pub(crate) fn doorbell(&self) -> &'static DoorbellWords {
+    pub(crate) fn doorbell(&self) -> &DoorbellWords {
         self.doorbell
     }
     pub(crate) fn segment(&self) -> &Segment {

@@ -45,14 +45,33 @@ pub(crate) struct ReplicaSpec {
     pub(crate) max_connections: u32,
 }
 
-/// One receive queue of a replica and its two lines.
+/// One receive queue of a replica and its two lines, borrowed from the mapping (which the
+/// `ReplicaSegment` owns: the views are handed out only bound to it).
 pub(crate) struct QueueView {
-    pub(crate) queue: ReceiveQueue<'static>,
-    pub(crate) doorbell: &'static DoorbellWords,
-    pub(crate) head: &'static QueueHead,
+    queue: ReceiveQueue<'static>,
+    doorbell: &'static DoorbellWords,
+    head: &'static QueueHead,
 }
 
 impl QueueView {
+    /// The queue of block indexes.
+    #[inline(always)]
+    pub(crate) fn queue(&self) -> &ReceiveQueue<'_> {
+        &self.queue
+    }
+
+    /// The doorbell its workers sleep on.
+    #[inline(always)]
+    pub(crate) fn doorbell(&self) -> &DoorbellWords {
+        self.doorbell
+    }
+
+    /// Its consumer position as the server publishes it.
+    #[inline(always)]
+    pub(crate) fn head(&self) -> &QueueHead {
+        self.head
+    }
+
     /// Requests queued and not yet taken, as the server last published its position (a
     /// hint: the tail is written by clients), clamped to `0..=capacity`.
     pub(crate) fn depth(&self) -> u64 {

@@ -9,6 +9,12 @@
 //! to touch request memory. Whether the run is the caller's to read or write (its
 //! block-table words) is the caller's check, as is every header field read here: the bytes
 //! belong to another process until validated.
+//!
+//! The memory is shared: another process may write the bytes behind a slice [`BlockRun::bytes`]
+//! hands out while it is read (as it may write any mapping of shared memory), so a reader
+//! copies what must not change under it (a method name) and validates what it uses. Writes
+//! copy in with a memmove wherever a source could overlap the run (a slice of it written
+//! back), so no caller can make them a copy between overlapping ranges.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -25,12 +31,6 @@ pub(crate) struct BlockRun<'a> {
     len: usize,
     segment: PhantomData<&'a [u8]>,
 }
-
-// SAFETY: a BlockRun only points into a shared mapping (which is Send + Sync) and every access
-// through it copies bytes in or out; it holds no thread-bound state.
-unsafe impl Send for BlockRun<'_> {}
-// SAFETY: as above.
-unsafe impl Sync for BlockRun<'_> {}
 
 impl<'a> BlockRun<'a> {
     /// # Safety
@@ -130,18 +130,38 @@ impl<'a> BlockRun<'a> {
         }
         let mut dst = at;
         for part in parts {
-            // SAFETY: dst + part.len() <= at + total <= len: inside the run; `part` is private
-            // memory, so the two do not overlap.
-            unsafe {
-                netless_shm::copy::copy_bytes(
-                    part.as_ptr(),
-                    self.start.as_ptr().add(dst),
-                    part.len(),
-                )
-            };
+            // SAFETY: dst + part.len() <= at + total <= len: inside the run.
+            unsafe { self.copy_in(part, dst) };
             dst += part.len();
         }
         true
+    }
+
+    /// Copies `src` to byte `at` of the run: with a memmove (`ptr::copy`, right whether or
+    /// not the two overlap, and as quick as a memcpy at these sizes) below 2 KiB; above,
+    /// with `copy_bytes`, which avoids `rep movsb`'s slow case, unless `src` lies in the run.
+    ///
+    /// # Safety
+    /// `at + src.len() <= self.len`.
+    #[inline(always)]
+    unsafe fn copy_in(&self, src: &[u8], at: usize) {
+        // SAFETY: the caller's contract puts the destination inside the run, which lies
+        // inside a live mapping; `src` is readable for its length. `copy_bytes` takes only a
+        // source that cannot overlap the run.
+        unsafe {
+            let dst = self.start.as_ptr().add(at);
+            if src.len() < 2048 || self.holds_any_of(src) {
+                std::ptr::copy(src.as_ptr(), dst, src.len());
+            } else {
+                netless_shm::copy::copy_bytes(src.as_ptr(), dst, src.len());
+            }
+        }
+    }
+
+    /// Whether any byte of `bytes` lies in the run (a slice `bytes` gave, written back).
+    fn holds_any_of(&self, bytes: &[u8]) -> bool {
+        let (run, from) = (self.start.as_ptr() as usize, bytes.as_ptr() as usize);
+        from < run + self.len && run < from + bytes.len()
     }
 
     /// Writes bytes `offset..offset + len` of the concatenation of `pieces` from byte `at` (a
@@ -171,15 +191,8 @@ impl<'a> BlockRun<'a> {
                 continue;
             }
             let n = (piece.len() - offset).min(len);
-            // SAFETY: n bytes are readable from piece[offset..]; dst + n <= at + len <= self.len,
-            // inside the run; the piece is private memory, so they do not overlap.
-            unsafe {
-                netless_shm::copy::copy_bytes(
-                    piece.as_ptr().add(offset),
-                    self.start.as_ptr().add(dst),
-                    n,
-                )
-            };
+            // SAFETY: dst + n <= at + len <= self.len: inside the run.
+            unsafe { self.copy_in(&piece[offset..offset + n], dst) };
             dst += n;
             len -= n;
             offset = 0;
@@ -213,6 +226,21 @@ mod tests {
         assert!(run.compact_header(120).is_some());
         assert!(run.compact_header(121).is_none());
         assert!(run.compact_header(usize::MAX).is_none());
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "writes under a live slice of the run, as a peer process would: the memmove is \
+                  what is tested here, not the aliasing model"
+    )]
+    fn writing_a_slice_of_the_run_back_into_it_moves_the_bytes() {
+        let mut buf: Vec<u8> = (0..128).collect();
+        let run = run_of(&mut buf);
+        let own = run.bytes(0, 16).unwrap();
+        assert!(run.write(8, &[own]));
+        let expected: Vec<u8> = (0..8).chain(0..16).collect();
+        assert_eq!(run.bytes(0, 24), Some(&expected[..]));
     }
 
     #[test]

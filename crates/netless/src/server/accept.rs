@@ -142,7 +142,7 @@ impl Acceptor {
         let server = &self.server;
         let q = conn.index as usize % server.heads.len();
         let head = server.heads[q].position();
-        let queue = &server.replica.queues()[q].queue;
+        let queue = server.replica.queues()[q].queue();
         let lap = u64::from(queue.capacity());
         let tail = queue.tail_hint();
         let tail_at_death = if tail.wrapping_sub(head) <= lap {

@@ -1,5 +1,6 @@
 //! The server: binds a service's socket and serves it with a handler on worker threads that
-//! pull requests from the replica's one shared receive queue (single-queue dispatch).
+//! pull requests from the replica's one shared receive queue (single-queue dispatch; with
+//! `Dispatch::Partitioned`, each worker from a queue of its own).
 //!
 //! - [`handler`]: what a service implements ([`Handler`]) and sees ([`Request`],
 //!   [`ResponseBuilder`]);
@@ -268,7 +269,7 @@ impl Server {
         }
         let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
         for q in self.state.replica.queues() {
-            netless_ring::notify_all(q.doorbell);
+            netless_ring::notify_all(q.doorbell());
         }
         for t in self.threads.drain(..) {
             let _ = t.join();

@@ -85,6 +85,7 @@ impl Drop for NotifySection {
 }
 
 /// Notifies `conn`'s client now, or at the end of the thread's [`NotifySection`].
+#[inline]
 pub(super) fn notify_client(conn: &Arc<Conn>) {
     if SECTIONS.get() == 0 {
         netless_ring::notify(conn.segment.doorbell());

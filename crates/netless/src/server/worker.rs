@@ -155,7 +155,7 @@ impl Worker<'_> {
         // Partitioned dispatch: worker w alone drains queue w; otherwise all share queue 0.
         let q = worker % server.heads.len();
         let view = &server.replica.queues()[q];
-        let (queue, head) = (&view.queue, &server.heads[q]);
+        let (queue, head) = (view.queue(), &server.heads[q]);
         let me = self.cx.slot;
         let single = server.workers.len() / server.heads.len() == 1;
         let jbsq2 = server.config.dispatch == Dispatch::Jbsq2;
@@ -176,7 +176,7 @@ impl Worker<'_> {
                 netless_ring::WAIT_ANY_MAX - 1
             );
         }
-        let doorbells: Vec<&netless_ring::DoorbellWords> = std::iter::once(view.doorbell)
+        let doorbells: Vec<&netless_ring::DoorbellWords> = std::iter::once(view.doorbell())
             .chain(sources.iter().map(WakeSource::doorbell))
             .collect();
         let handler_polls = server.handler.polls();
@@ -224,13 +224,15 @@ impl Worker<'_> {
             // would never enqueue (nor notify) again and the server would sit idle for good.
             let publish = || {
                 let now = head.position();
-                if view.head.position.load(Ordering::Relaxed) != now {
-                    view.head.position.store(now, Ordering::Relaxed);
+                if view.head().position.load(Ordering::Relaxed) != now {
+                    view.head().position.store(now, Ordering::Relaxed);
                 }
             };
             match dequeued {
                 Dequeue::Item(block) => {
-                    view.head.position.store(head.position(), Ordering::Relaxed);
+                    view.head()
+                        .position
+                        .store(head.position(), Ordering::Relaxed);
                     Some(Some(block))
                 }
                 Dequeue::Skipped => {

@@ -285,7 +285,7 @@ pub(crate) struct WireHeader {
     /// `[flags (wire_flags), enqueue stamp]`. The stamp, under an SLO only: the low 32 bits
     /// of CLOCK_MONOTONIC in µs when the client enqueued the request (0: none), from which
     /// workers tell a request that waited too long to finish within the SLO
-    /// (`crate::admission`).
+    /// (`crate::slo::admission`).
     pub(crate) reserved: [u32; 2],
 }
 /// Size of [`WireHeader`].

@@ -210,7 +210,10 @@ pub(crate) fn for_each_compact_reply(
     max_message: usize,
     mut each: impl FnMut(u64, ReplyCode, (&[u8], &[u8])) -> Result<(), &'static str>,
 ) -> Result<usize, &'static str> {
-    // SAFETY: the caller checked (is_reply_batch) that a whole header is there.
+    if record.len() < RESPONSE_HEADER_LEN {
+        return Err("record shorter than a header");
+    }
+    // SAFETY: record holds at least RESPONSE_HEADER_LEN bytes (checked just above).
     let h = unsafe { ResponseHeader::read_from(record.as_ptr()) };
     let len = h.body_len as usize;
     if h.frag_offset != 0 || h.frag_len != h.body_len || len > record.len() - RESPONSE_HEADER_LEN {
@@ -306,6 +309,35 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_batch_reads_back_as_the_server_wrote_it() {
+        let limits = RecordLimits {
+            client_max: 1 << 20,
+            record_limit: 4096,
+        };
+        let mut md = Metadata::new();
+        md.insert("k", "v");
+        let mut batch = ReplyBatch::default();
+        for (id, payload) in [(1u64, &b"one"[..]), (2, b""), (3, b"three")] {
+            let entry = ReplyBatch::entry_len(limits, id, md.encoded_len(), payload.len());
+            let entry = entry.expect("a short reply fits a batch");
+            assert!(batch.fits(limits, entry));
+            batch.push(id, Code::Ok.into(), &md, payload);
+        }
+        let (header, body) = batch.record();
+        let mut record = header.as_bytes().to_vec();
+        record.extend_from_slice(body);
+        let got = collect(&record).unwrap();
+        let ids: Vec<u64> = got.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        assert_eq!(got[2].1.as_ref().unwrap(), b"three");
+        // Call ids of 2^32 and more, and bodies of 64 KiB and more, take records of their own.
+        assert!(ReplyBatch::entry_len(limits, 1 << 32, 0, 1).is_none());
+        assert!(ReplyBatch::entry_len(limits, 1, 0, 1 << 16).is_none());
+        batch.clear();
+        assert!(batch.is_empty());
+    }
+
+    #[test]
     fn malformed_reply_batches_are_refused() {
         let good = batch(&[(1, 0, b"", b"one"), (2, 0, b"", b"two")]);
         // The record says it holds more bytes than it does.
@@ -341,6 +373,9 @@ mod tests {
         cut[12..16].copy_from_slice(&len.to_le_bytes());
         cut[20..24].copy_from_slice(&len.to_le_bytes());
         assert!(collect(&cut).is_err());
+        // A record shorter than its header.
+        assert!(collect(&good[..RESPONSE_HEADER_LEN - 1]).is_err());
+        assert!(collect(&[]).is_err());
         // Garbage metadata fails that call only.
         let bad_md = batch(&[(1, 0, &[0xff, 1, 2], b"x")]);
         let got = collect(&bad_md).unwrap();
