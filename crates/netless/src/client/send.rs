@@ -222,13 +222,12 @@ impl RequestSend<'_> {
             };
             // `count` blocks we just claimed (OWNED by us) hold header_len + frag_len bytes;
             // no one else writes them while we own them.
-            let header_bytes: &[u8] = match &short {
-                Some(short) => short.as_bytes(),
-                None => header.as_bytes(),
-            };
             let written = replica.run(start, count).is_some_and(|run| {
-                run.write(0, &[header_bytes])
-                    && run.write_range(header_len, &self.pieces, offset, frag_len)
+                let header = match &short {
+                    Some(short) => run.write_after(0, *short.as_bytes(), &[]),
+                    None => run.write_after(0, *header.as_bytes(), &[]),
+                };
+                header && run.write_range(header_len, &self.pieces, offset, frag_len)
             });
             if !written {
                 conn.lease.unclaim(table, start, count);

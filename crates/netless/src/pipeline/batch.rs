@@ -70,7 +70,7 @@ impl Staged {
             method_len: name.len() as u8,
             flags: flags | compact_flags::MORE,
         };
-        if !run.write(self.used, &[header.as_bytes(), name, payload]) {
+        if !run.write_after(self.used, *header.as_bytes(), &[name, payload]) {
             return false;
         }
         self.first.reserved[0] |= wire_flags::BATCH_MORE;
@@ -216,23 +216,23 @@ impl Batcher {
         if staged.kept.is_some() {
             h.reserved[0] |= wire_flags::KEEP_BLOCKS;
         }
-        let short;
-        let bytes: &[u8] = if staged.first_len == SHORT_HEADER_LEN {
-            // No stamp: an SLO set since the batch opened finds it unstamped (admitted
-            // however long it waits) rather than moving its body.
-            short = ShortHeader::of(&h).expect("the short form was chosen for fields that fit");
-            short.as_bytes()
-        } else {
-            // Under an SLO the batch carries the time it is enqueued (`crate::slo::admission`).
-            h.reserved[1] = crate::slo::admission::stamp_for(conn.replica.server_control());
-            h.as_bytes()
-        };
         // The run's first `first_len` bytes are the first request's header room, and a batch
         // of several ends with a compact request, whose `MORE` goes; all ours, unpublished.
         let written = conn.replica.run(staged.start, used).is_some_and(|run| {
-            run.write(0, &[bytes])
+            let header = if staged.first_len == SHORT_HEADER_LEN {
+                // No stamp: an SLO set since the batch opened finds it unstamped (admitted
+                // however long it waits) rather than moving its body.
+                let short =
+                    ShortHeader::of(&h).expect("the short form was chosen for fields that fit");
+                run.write_after(0, *short.as_bytes(), &[])
+            } else {
+                // Under an SLO the batch carries its enqueue time (`crate::slo::admission`).
+                h.reserved[1] = crate::slo::admission::stamp_for(conn.replica.server_control());
+                run.write_after(0, *h.as_bytes(), &[])
+            };
+            header
                 && (staged.count == 1
-                    || run.write(staged.last + COMPACT_FLAGS_AT, &[&[staged.last_flags]]))
+                    || run.write_after(staged.last + COMPACT_FLAGS_AT, [staged.last_flags], &[]))
         });
         assert!(written, "a staged run holds its first header");
         let out = Outgoing {

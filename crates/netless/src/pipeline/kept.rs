@@ -78,6 +78,7 @@ impl KeptRuns {
     }
 
     /// Stops keeping run `id` (the caller frees its blocks, or leaves them to the server).
+    #[inline]
     fn forget(&mut self, id: u32) {
         if let Some(run) = self.runs.get_mut(id as usize).and_then(Option::take) {
             self.blocks -= run.blocks;
@@ -85,6 +86,7 @@ impl KeptRuns {
     }
 
     /// Run `id` went to the server holding the requests of `call_ids`.
+    #[inline]
     pub(super) fn published(&mut self, id: u32, call_ids: &[u64]) {
         if let Some(Some(run)) = self.runs.get_mut(id as usize) {
             run.pending = call_ids.len() as u32;
@@ -122,6 +124,7 @@ impl KeptRuns {
     /// An idle kept run of at least `need` blocks whose first `checked(run)` blocks are still
     /// OWNED by us. Smaller runs met on the way are given back (the batches have grown past
     /// them), and ones no longer ours (the table is memory the server writes) forgotten.
+    #[inline]
     fn take_idle(
         &mut self,
         conn: &Connection,
@@ -146,6 +149,7 @@ impl KeptRuns {
     }
 
     /// The request of call slot `index` was answered: its run may become idle.
+    #[inline]
     pub(super) fn answered(&mut self, index: usize) {
         let Some(id) = self
             .slot_run

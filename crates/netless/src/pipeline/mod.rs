@@ -233,10 +233,9 @@ impl Pipeline {
         // The run's first `used` blocks (take_idle_prefix gave a run of at least that many,
         // and checked those) are ours (OWNED, idle: no request of it in flight) and hold the
         // header and body.
-        let written = conn
-            .replica
-            .run(run.start, used)
-            .is_some_and(|dst| dst.write(0, &[header.as_bytes(), method.as_bytes(), payload]));
+        let written = conn.replica.run(run.start, used).is_some_and(|dst| {
+            dst.write_after(0, *header.as_bytes(), &[method.as_bytes(), payload])
+        });
         assert!(written, "a kept run holds a lone request");
         if !same_bytes(batch.last_method.as_bytes(), method.as_bytes()) {
             batch.last_method.clear();

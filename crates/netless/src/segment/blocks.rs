@@ -143,6 +143,7 @@ impl BlockLease {
     }
 
     /// The run the next `claim(count)` will most likely return, for prefetching.
+    #[inline]
     pub(crate) fn likely_next(&self, count: u32) -> Option<u32> {
         let hot = self.hot.load(Ordering::Relaxed);
         (hot != 0 && hot as u32 == count).then_some((hot >> 32) as u32)
@@ -151,6 +152,7 @@ impl BlockLease {
     /// Gives back a run we claimed but never sent. A load and a store per word, not a CAS:
     /// only the owner changes a word OWNED by it while it lives (the server frees it only
     /// after the run is published, or once the owner is dead).
+    #[inline]
     pub(crate) fn unclaim(&self, table: &[AtomicU32], start: u32, count: u32) {
         for b in start..start.saturating_add(count) {
             if let Some(word) = table.get(b as usize) {
@@ -163,6 +165,7 @@ impl BlockLease {
 
     /// Whether every word of `start..start + count` is OWNED by us (a run kept for reuse is
     /// checked before each reuse: the table is memory the server writes).
+    #[inline]
     pub(crate) fn holds(&self, table: &[AtomicU32], start: u32, count: u32) -> bool {
         self.inside(start, count)
             && table
@@ -188,6 +191,7 @@ impl BlockLease {
         }
     }
 
+    #[inline]
     fn inside(&self, start: u32, count: u32) -> bool {
         start >= self.first
             && u64::from(start) + u64::from(count) <= u64::from(self.first) + u64::from(self.len)
