@@ -396,6 +396,7 @@ impl Serve {
     /// The coordinator's thread: admit members, reap the dead, until stopped.
     fn coordinate(self, lock_file: File, listener: UnixListener) {
         let mut conns: Vec<(UnixStream, usize)> = Vec::new();
+        let mut joins = Joins::new();
         reap_dead_members(&self.map, Some(self.member));
         let mut last_sweep = Instant::now();
         while !self.stopping() {
@@ -435,82 +436,173 @@ impl Serve {
             }
             if ready[1] {
                 while let Ok((stream, _)) = listener.accept() {
-                    if let Some(m) = self.admit(&stream) {
-                        conns.push((stream, m));
-                    }
+                    joins.start(&self, stream);
                 }
             }
+            // Joins end on their own threads; their members are watched from the next turn.
+            conns.extend(joins.take_admitted());
             if last_sweep.elapsed() >= TICK {
                 last_sweep = Instant::now();
                 reap_dead_members(&self.map, Some(self.member));
             }
         }
+        joins.stop();
+        drop(joins.take_admitted());
         // Hand over: remove the socket while we hold the lock, then let the lock go.
         let _ = std::fs::remove_file(&self.paths.socket);
         drop(listener);
         drop(lock_file);
         self.shared.coordinator.store(false, Ordering::Release);
     }
+}
 
-    /// Handles one join request; returns the member row to watch.
-    fn admit(&self, stream: &UnixStream) -> Option<usize> {
-        let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-        let _ = stream.set_write_timeout(Some(Duration::from_millis(500)));
-        let refuse = |why: String| {
-            let mut reply = WELCOME_MAGIC.to_vec();
-            reply.push(1);
-            reply.extend_from_slice(why.as_bytes());
-            let _ = netless_shm::send_frame(stream, &reply, &[]);
-            None
-        };
-        let cred = netless_shm::peer_cred(stream).ok()?;
-        if !self.config.acl.allows(&cred) {
-            return refuse(format!(
-                "uid {} gid {} is not allowed by the domain's ACL",
-                cred.uid, cred.gid
-            ));
+/// Most joins in progress at once; a process arriving beyond them is refused at once (and
+/// retries, as for any refusal).
+const MAX_JOINS: usize = 64;
+/// How long one whole join may take, however the joining process paces its bytes.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes of a join request.
+const JOIN_LEN: usize = 24;
+
+/// The joins in progress, each on a thread of its own with one deadline, so that a member
+/// that sends its request slowly (or not at all) holds up no one else's join, no hang-up and
+/// no reaping; and the members they admitted, for the coordinator to watch.
+struct Joins {
+    /// Each join's thread, and a handle on its socket to cut it short on stop.
+    in_flight: Vec<(JoinHandle<()>, UnixStream)>,
+    admitted: Arc<Mutex<Vec<(UnixStream, usize)>>>,
+}
+
+impl Joins {
+    fn new() -> Joins {
+        Joins {
+            in_flight: Vec::new(),
+            admitted: Arc::new(Mutex::new(Vec::new())),
         }
-        let (req, _) = netless_shm::recv_frame(stream, 0).ok()?;
-        if req.len() != 24 || &req[..4] != JOIN_MAGIC {
-            return refuse("malformed join request".into());
-        }
-        if u32::from_le_bytes(req[4..8].try_into().ok()?) != PROTOCOL {
-            return refuse(format!(
-                "protocol version mismatch (the coordinator speaks {PROTOCOL})"
-            ));
-        }
-        let domain = u64::from_le_bytes(req[8..16].try_into().ok()?);
-        let member = u32::from_le_bytes(req[16..20].try_into().ok()?) as usize;
-        let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
-        let pid = cred.pid.max(0) as u32;
-        let (member, generation, pass_fd) = if member == u32::MAX as usize {
-            match claim_row(&self.map, pid, Some(self.member)) {
-                Some((m, g)) => (m, g, true),
-                None => return refuse(format!("the domain is full ({MAX_MEMBERS} members)")),
-            }
-        } else {
-            let row = self.map.members().get(member)?;
-            let expect = u64::from(generation) << 32 | member_state::ALIVE;
-            if domain != self.map.domain_id()
-                || row.state.load(Ordering::Acquire) != expect
-                || row.pid.load(Ordering::Acquire) != pid
-            {
-                return refuse("rejoin as a member this domain does not know".into());
-            }
-            (member, generation, false)
-        };
-        let mut reply = WELCOME_MAGIC.to_vec();
-        reply.push(0);
-        reply.extend_from_slice(&self.map.domain_id().to_le_bytes());
-        reply.extend_from_slice(&(member as u32).to_le_bytes());
-        reply.extend_from_slice(&generation.to_le_bytes());
-        let fd = self.map.segment().fd();
-        let fds = if pass_fd { vec![fd.as_fd()] } else { vec![] };
-        if netless_shm::send_frame(stream, &reply, &fds).is_err() {
-            return None;
-        }
-        let _ = stream.set_read_timeout(None);
-        Some(member)
     }
+
+    /// Starts the join of the process that just connected on `stream`.
+    fn start(&mut self, serve: &Serve, stream: UnixStream) {
+        self.in_flight.retain(|(thread, _)| !thread.is_finished());
+        if self.in_flight.len() >= MAX_JOINS {
+            refuse(
+                &stream,
+                "the coordinator is busy admitting members: retry",
+                Instant::now() + Duration::from_millis(20),
+            );
+            return;
+        }
+        let Ok(handle) = stream.try_clone() else {
+            return;
+        };
+        let (config, map, me) = (serve.config.clone(), serve.map.clone(), serve.member);
+        let admitted = self.admitted.clone();
+        let spawned = std::thread::Builder::new()
+            .name("netless-pool-join".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let deadline = Instant::now() + JOIN_TIMEOUT;
+                match admit(&config, &map, me, &stream, deadline) {
+                    Some(member) => lock(&admitted).push((stream, member)),
+                    // Shut down, not just closed: the coordinator holds a second handle.
+                    None => {
+                        let _ = stream.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+            });
+        match spawned {
+            Ok(thread) => self.in_flight.push((thread, handle)),
+            Err(e) => tracing::warn!("netless-pool: cannot spawn a join thread: {e}"),
+        }
+    }
+
+    /// The members admitted since the last call, with their sockets.
+    fn take_admitted(&self) -> Vec<(UnixStream, usize)> {
+        std::mem::take(&mut *lock(&self.admitted))
+    }
+
+    /// Cuts every join in progress short and waits for their threads.
+    fn stop(&mut self) {
+        for (_, stream) in &self.in_flight {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        for (thread, _) in self.in_flight.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Tells a joining process why it is refused.
+fn refuse(stream: &UnixStream, why: &str, deadline: Instant) -> Option<usize> {
+    let mut reply = WELCOME_MAGIC.to_vec();
+    reply.push(1);
+    reply.extend_from_slice(why.as_bytes());
+    let _ = netless_shm::send_frame_by(stream, &reply, &[], deadline);
+    None
+}
+
+/// Handles one join request, all of it by `deadline`; returns the member row to watch.
+/// `me` is the coordinator's own row.
+fn admit(
+    config: &DomainConfig,
+    map: &PoolMap,
+    me: usize,
+    stream: &UnixStream,
+    deadline: Instant,
+) -> Option<usize> {
+    let _ = stream.set_nonblocking(false);
+    let cred = netless_shm::peer_cred(stream).ok()?;
+    if !config.acl.allows(&cred) {
+        let why = format!(
+            "uid {} gid {} is not allowed by the domain's ACL",
+            cred.uid, cred.gid
+        );
+        return refuse(stream, &why, deadline);
+    }
+    let (req, _) = netless_shm::recv_frame_by(stream, 0, JOIN_LEN, deadline).ok()?;
+    if req.len() != JOIN_LEN || &req[..4] != JOIN_MAGIC {
+        return refuse(stream, "malformed join request", deadline);
+    }
+    if u32::from_le_bytes(req[4..8].try_into().ok()?) != PROTOCOL {
+        let why = format!("protocol version mismatch (the coordinator speaks {PROTOCOL})");
+        return refuse(stream, &why, deadline);
+    }
+    let domain = u64::from_le_bytes(req[8..16].try_into().ok()?);
+    let member = u32::from_le_bytes(req[16..20].try_into().ok()?) as usize;
+    let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
+    let pid = cred.pid.max(0) as u32;
+    let (member, generation, pass_fd) = if member == u32::MAX as usize {
+        match claim_row(map, pid, Some(me)) {
+            Some((m, g)) => (m, g, true),
+            None => {
+                let why = format!("the domain is full ({MAX_MEMBERS} members)");
+                return refuse(stream, &why, deadline);
+            }
+        }
+    } else {
+        let row = map.members().get(member)?;
+        let expect = u64::from(generation) << 32 | member_state::ALIVE;
+        if domain != map.domain_id()
+            || row.state.load(Ordering::Acquire) != expect
+            || row.pid.load(Ordering::Acquire) != pid
+        {
+            return refuse(
+                stream,
+                "rejoin as a member this domain does not know",
+                deadline,
+            );
+        }
+        (member, generation, false)
+    };
+    let mut reply = WELCOME_MAGIC.to_vec();
+    reply.push(0);
+    reply.extend_from_slice(&map.domain_id().to_le_bytes());
+    reply.extend_from_slice(&(member as u32).to_le_bytes());
+    reply.extend_from_slice(&generation.to_le_bytes());
+    let fd = map.segment().fd();
+    let fds = if pass_fd { vec![fd.as_fd()] } else { vec![] };
+    netless_shm::send_frame_by(stream, &reply, &fds, deadline).ok()?;
+    let _ = stream.set_read_timeout(None);
+    let _ = stream.set_write_timeout(None);
+    Some(member)
 }

@@ -9,7 +9,7 @@
 //! lines on the same stdout.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -1201,4 +1201,65 @@ fn chaos_coordinator_killed_a_member_takes_over() {
         "pages leaked"
     );
     check_all_slots_free(&d);
+}
+
+/// A process that connects to the coordinator and sends its join request a byte at a time
+/// (each byte well inside any per-read timeout), and twenty that never send a word, hold up
+/// no one else's join, and are cut off once the whole join's deadline (2 s) passes.
+#[test]
+fn a_trickled_join_holds_up_no_one_and_is_cut_off() {
+    let dir = TestDir::new("trickle");
+    let config = config(dir.path(), false);
+    let founder = Domain::join(&config).unwrap();
+    assert!(founder.is_coordinator());
+    let socket = dir.path().join(format!("netless-domain.{DOMAIN}.sock"));
+    let silent: Vec<std::os::unix::net::UnixStream> = (0..20)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
+        .collect();
+    let mut trickler = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let mut writer = trickler.try_clone().unwrap();
+    let trickling = std::thread::spawn(move || {
+        let _ = writer.write_all(&24u32.to_le_bytes());
+        for _ in 0..40 {
+            if writer.write_all(&[1]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    // Meanwhile another process joins as usual.
+    let started = Instant::now();
+    let mut peer = Peer::spawn(dir.path());
+    assert_eq!(peer.domain_id, founder.id());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a join took {:?} behind a trickled one",
+        started.elapsed()
+    );
+    // The stalled joins are cut off: their sockets read end-of-file.
+    let closed = |s: &mut std::os::unix::net::UnixStream| {
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        let mut buf = [0u8; 64];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) => {
+                    return !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    )
+                }
+            }
+        }
+    };
+    assert!(
+        closed(&mut trickler),
+        "a trickled join was still open after 6 s"
+    );
+    for mut s in silent {
+        assert!(closed(&mut s), "a silent join stayed open");
+    }
+    trickling.join().unwrap();
+    peer.exit();
 }

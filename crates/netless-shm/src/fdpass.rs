@@ -3,13 +3,15 @@
 //! This module owns the control-socket wire format: a `u32` little-endian payload length,
 //! then the payload, with any fds (`SCM_RIGHTS`) attached to the first byte of the frame.
 //! It enforces the frame and fd limits and closes excess fds. It never interprets payloads
-//! (the handshake messages belong to the RPC layer) and never sets socket timeouts: it
-//! honours whatever the caller configured.
+//! (the handshake messages belong to the RPC layer). `send_frame` and `recv_frame` honour the
+//! socket's timeouts as the caller configured them (per system call); `send_frame_by` and
+//! `recv_frame_by` bound the whole frame by a deadline, however the peer paces its bytes.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 use rustix::net::{
@@ -53,6 +55,29 @@ const PREFIX: usize = 4;
 /// # Ok::<(), netless_shm::Error>(())
 /// ```
 pub fn send_frame(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Error> {
+    send(sock, payload, fds, None)
+}
+
+/// [`send_frame`] that gives up at `deadline`, however the peer paces its reads: the
+/// socket's write timeout is set to the time left before every `sendmsg` (and left so).
+///
+/// # Errors
+/// As [`send_frame`]; [`Error::Timeout`] once `deadline` has passed.
+pub fn send_frame_by(
+    sock: &UnixStream,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    deadline: Instant,
+) -> Result<(), Error> {
+    send(sock, payload, fds, Some(deadline))
+}
+
+fn send(
+    sock: &UnixStream,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    deadline: Option<Instant>,
+) -> Result<(), Error> {
     if payload.len() > MAX_FRAME {
         return Err(Error::FrameTooLarge {
             len: payload.len(),
@@ -94,6 +119,12 @@ pub fn send_frame(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> 
         } else {
             &mut no_control
         };
+        if let Some(deadline) = deadline {
+            let left = time_left(deadline)?;
+            sock.set_write_timeout(Some(left)).map_err(|e| {
+                Error::os("setsockopt")(Errno::from_io_error(&e).unwrap_or(Errno::INVAL))
+            })?;
+        }
         match rustix::net::sendmsg(sock, iov, control, SendFlags::NOSIGNAL) {
             Ok(0) => return Err(Error::PeerClosed),
             Ok(n) => sent += n,
@@ -127,6 +158,43 @@ pub fn send_frame(sock: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> 
 /// # Ok::<(), netless_shm::Error>(())
 /// ```
 pub fn recv_frame(sock: &UnixStream, max_fds: usize) -> Result<(Vec<u8>, Vec<OwnedFd>), Error> {
+    recv(sock, max_fds, MAX_FRAME, None)
+}
+
+/// [`recv_frame`] of a frame of at most `max_len` bytes that gives up at `deadline`, however
+/// the peer paces its bytes (one byte every so often cannot hold it longer): the socket's
+/// read timeout is set to the time left before every `recvmsg` (and left so).
+///
+/// # Errors
+/// As [`recv_frame`]; [`Error::FrameTooLarge`] if the peer announces more than `max_len`
+/// bytes (nothing more is read); [`Error::Timeout`] once `deadline` has passed before the
+/// frame started, [`Error::Protocol`] in the middle of one.
+///
+/// ```
+/// use std::os::unix::net::UnixStream;
+/// use std::time::{Duration, Instant};
+///
+/// let (a, b) = UnixStream::pair().expect("socketpair");
+/// std::io::Write::write_all(&mut &a, &[9, 0])?; // half a length, then nothing
+/// let got = netless_shm::recv_frame_by(&b, 0, 64, Instant::now() + Duration::from_millis(50));
+/// assert!(got.is_err());
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn recv_frame_by(
+    sock: &UnixStream,
+    max_fds: usize,
+    max_len: usize,
+    deadline: Instant,
+) -> Result<(Vec<u8>, Vec<OwnedFd>), Error> {
+    recv(sock, max_fds, max_len.min(MAX_FRAME), Some(deadline))
+}
+
+fn recv(
+    sock: &UnixStream,
+    max_fds: usize,
+    max_len: usize,
+    deadline: Option<Instant>,
+) -> Result<(Vec<u8>, Vec<OwnedFd>), Error> {
     let max_fds = max_fds.min(MAX_FDS);
     // Space for `max_fds` fds; alignment padding may leave room for one more, which the
     // count check below catches. Anything beyond is dropped by the kernel with MSG_CTRUNC.
@@ -135,30 +203,20 @@ pub fn recv_frame(sock: &UnixStream, max_fds: usize) -> Result<(Vec<u8>, Vec<Own
     let mut truncated = false;
 
     let mut prefix = [0u8; PREFIX];
-    read_exact(
+    let mut reading = Reading {
         sock,
-        &mut prefix,
-        &mut space,
-        &mut fds,
-        &mut truncated,
-        false,
-    )?;
+        space: &mut space,
+        fds: &mut fds,
+        truncated: &mut truncated,
+        deadline,
+    };
+    reading.read_exact(&mut prefix, false)?;
     let len = u32::from_le_bytes(prefix) as usize;
-    if len > MAX_FRAME {
-        return Err(Error::FrameTooLarge {
-            len,
-            max: MAX_FRAME,
-        });
+    if len > max_len {
+        return Err(Error::FrameTooLarge { len, max: max_len });
     }
     let mut payload = vec![0u8; len];
-    read_exact(
-        sock,
-        &mut payload,
-        &mut space,
-        &mut fds,
-        &mut truncated,
-        true,
-    )?;
+    reading.read_exact(&mut payload, true)?;
 
     if truncated || fds.len() > max_fds {
         // Dropping `fds` closes every descriptor we did receive.
@@ -170,49 +228,73 @@ pub fn recv_frame(sock: &UnixStream, max_fds: usize) -> Result<(Vec<u8>, Vec<Own
     Ok((payload, fds))
 }
 
-/// Fills `buf` completely, collecting fds. `in_frame` tells whether bytes of this frame were
-/// already consumed, which turns a timeout into a protocol error.
-fn read_exact(
-    sock: &UnixStream,
-    buf: &mut [u8],
-    space: &mut [MaybeUninit<u8>],
-    fds: &mut Vec<OwnedFd>,
-    truncated: &mut bool,
-    mut in_frame: bool,
-) -> Result<(), Error> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let mut control = RecvAncillaryBuffer::new(space);
-        let mut iov = [IoSliceMut::new(&mut buf[filled..])];
-        let received =
-            match rustix::net::recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+/// One frame being read: the socket, where its fds go, and when to give up.
+struct Reading<'a> {
+    sock: &'a UnixStream,
+    space: &'a mut [MaybeUninit<u8>],
+    fds: &'a mut Vec<OwnedFd>,
+    truncated: &'a mut bool,
+    deadline: Option<Instant>,
+}
+
+impl Reading<'_> {
+    /// Fills `buf` completely, collecting fds. `in_frame` tells whether bytes of this frame
+    /// were already consumed, which turns a timeout into a protocol error.
+    fn read_exact(&mut self, buf: &mut [u8], mut in_frame: bool) -> Result<(), Error> {
+        let in_frame_error = |err: Error, in_frame: bool| match err {
+            Error::Timeout if in_frame => {
+                Error::Protocol("timed out in the middle of a frame from the peer".to_owned())
+            }
+            other => other,
+        };
+        let mut filled = 0;
+        while filled < buf.len() {
+            if let Some(deadline) = self.deadline {
+                let left = time_left(deadline).map_err(|e| in_frame_error(e, in_frame))?;
+                self.sock.set_read_timeout(Some(left)).map_err(|e| {
+                    Error::os("setsockopt")(Errno::from_io_error(&e).unwrap_or(Errno::INVAL))
+                })?;
+            }
+            let mut control = RecvAncillaryBuffer::new(self.space);
+            let mut iov = [IoSliceMut::new(&mut buf[filled..])];
+            let received = match rustix::net::recvmsg(
+                self.sock,
+                &mut iov,
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
                 Ok(received) => received,
                 Err(Errno::INTR) => continue,
                 Err(errno) => {
-                    let err = map_socket_errno("recvmsg", errno);
-                    return Err(match err {
-                        Error::Timeout if in_frame => Error::Protocol(
-                            "timed out in the middle of a frame from the peer".to_owned(),
-                        ),
-                        other => other,
-                    });
+                    return Err(in_frame_error(map_socket_errno("recvmsg", errno), in_frame))
                 }
             };
-        for message in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(received_fds) = message {
-                fds.extend(received_fds);
+            for message in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(received_fds) = message {
+                    self.fds.extend(received_fds);
+                }
             }
+            if received.flags.contains(ReturnFlags::CTRUNC) {
+                *self.truncated = true;
+            }
+            if received.bytes == 0 {
+                return Err(Error::PeerClosed);
+            }
+            filled += received.bytes;
+            in_frame = true;
         }
-        if received.flags.contains(ReturnFlags::CTRUNC) {
-            *truncated = true;
-        }
-        if received.bytes == 0 {
-            return Err(Error::PeerClosed);
-        }
-        filled += received.bytes;
-        in_frame = true;
+        Ok(())
     }
-    Ok(())
+}
+
+/// The time left before `deadline`, at least 1 ms (a zero timeout means none to the
+/// kernel); [`Error::Timeout`] once it has passed.
+fn time_left(deadline: Instant) -> Result<Duration, Error> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|left| !left.is_zero())
+        .map(|left| left.max(Duration::from_millis(1)))
+        .ok_or(Error::Timeout)
 }
 
 fn map_socket_errno(op: &'static str, errno: Errno) -> Error {
@@ -230,6 +312,52 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsFd;
     use std::time::Duration;
+
+    #[test]
+    fn a_trickling_peer_cannot_hold_a_frame_past_its_deadline() {
+        let (a, b) = UnixStream::pair().unwrap();
+        // A length announcing 1000 bytes, then one byte every 50 ms for 3 s: each read
+        // finishes well within any per-read timeout.
+        let trickler = std::thread::spawn(move || {
+            let mut a = a;
+            let _ = a.write_all(&1000u32.to_le_bytes());
+            for _ in 0..60 {
+                if a.write_all(&[7]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let started = std::time::Instant::now();
+        let got = recv_frame_by(&b, 0, MAX_FRAME, started + Duration::from_millis(300));
+        let took = started.elapsed();
+        assert!(matches!(got, Err(Error::Protocol(_))), "{got:?}");
+        assert!(took < Duration::from_millis(1500), "held for {took:?}");
+        drop(b);
+        trickler.join().unwrap();
+        // A frame that arrives in time is read whole.
+        let (a, b) = UnixStream::pair().unwrap();
+        send_frame(&a, b"on time", &[]).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        assert_eq!(recv_frame_by(&b, 0, 64, deadline).unwrap().0, b"on time");
+        // A frame longer than the caller takes is refused from its length alone.
+        send_frame(&a, &[0; 65], &[]).unwrap();
+        assert!(matches!(
+            recv_frame_by(&b, 0, 64, deadline),
+            Err(Error::FrameTooLarge { len: 65, max: 64 })
+        ));
+        // And a deadline already past times out before reading anything.
+        let past = std::time::Instant::now() - Duration::from_millis(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        assert!(matches!(
+            recv_frame_by(&b, 0, 64, past),
+            Err(Error::Timeout)
+        ));
+        assert!(matches!(
+            send_frame_by(&a, b"x", &[], past),
+            Err(Error::Timeout)
+        ));
+    }
 
     #[test]
     fn empty_frame_round_trips() {

@@ -38,7 +38,7 @@ pub mod sync;
 pub use affinity::{allowed_cpus, available_cpus, pin_current_thread, pin_current_thread_to};
 pub use clock::{instant_to_monotonic_ns, monotonic_ns, monotonic_ns_to_instant};
 pub use error::Error;
-pub use fdpass::{recv_frame, send_frame, MAX_FDS, MAX_FRAME};
+pub use fdpass::{recv_frame, recv_frame_by, send_frame, send_frame_by, MAX_FDS, MAX_FRAME};
 pub use futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
 pub use peercred::{peer_cred, Acl, PeerCred};
 pub use segment::Segment;

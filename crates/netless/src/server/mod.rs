@@ -4,8 +4,9 @@
 //!
 //! - [`handler`]: what a service implements ([`Handler`]) and sees ([`Request`],
 //!   [`ResponseBuilder`]);
-//! - `accept`: the acceptor thread: `SO_PEERCRED` against the ACL, the handshake, hang-ups
-//!   and the reclaiming of a dead client's blocks;
+//! - `accept`: the acceptor thread: accepting, hang-ups and the reclaiming of a dead
+//!   client's blocks; `handshake`: admitting one client (`SO_PEERCRED` against the ACL, the
+//!   frames), on a thread of its own with one deadline;
 //! - `conn`: the server's side of a connection and the connection table;
 //! - `worker`: a worker thread's loop over the queue, `lone`: its runs of lone requests;
 //! - `serve`: validating a queue entry's run and serving the request, fragment or batch in
@@ -40,6 +41,7 @@ mod conn;
 mod deferred;
 mod dispatch;
 pub(crate) mod handler;
+mod handshake;
 mod lone;
 mod notify;
 mod reply;
@@ -172,6 +174,7 @@ impl Server {
             socket_path,
             heads: (0..config.queues()).map(|_| ConsumerHead::new()).collect(),
             conns: ConnTable::new(config.max_connections),
+            admitting: std::sync::Mutex::new(()),
             handler: Box::new(handler),
             stopping: AtomicBool::new(false),
             workers: (0..config.workers).map(|_| WorkerSlot::default()).collect(),
@@ -209,7 +212,7 @@ impl Server {
                     .stop
                     .try_clone()
                     .map_err(|e| Status::resource_exhausted(format!("dup: {e}")))?,
-            );
+            )?;
             let spawned = thread::Builder::new()
                 .name("netless-acceptor".into())
                 .spawn(move || acceptor.run());

@@ -38,6 +38,9 @@ pub(super) struct ServerState {
     /// Consumer position of each receive queue.
     pub(super) heads: Box<[ConsumerHead]>,
     pub(super) conns: ConnTable,
+    /// Held while a handshake takes a slot of the table (the count, the vacant slot and the
+    /// install must agree).
+    pub(super) admitting: std::sync::Mutex<()>,
     pub(super) handler: Box<dyn Handler>,
     pub(super) stopping: AtomicBool,
     pub(super) workers: Box<[WorkerSlot]>,

@@ -13,6 +13,8 @@
 use crate::status::{Code, Status};
 
 const HELLO: u8 = 1;
+/// Bytes of an encoded `Hello` (a server reads no longer frame from a client).
+pub(crate) const HELLO_LEN: usize = 17;
 const WELCOME: u8 = 2;
 const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;

@@ -1,0 +1,296 @@
+//! The server's half of the handshake with one client, on a thread of its own with one
+//! deadline for the whole exchange, so that a client that sends its bytes slowly (or not at
+//! all) holds up no one else's admission, no hang-up and no reclaiming.
+//!
+//! `SO_PEERCRED` is checked against the ACL before anything is read or any fd is passed;
+//! then `Greeting` out, `Hello` with the client's connection segment in, a slot in the
+//! connection table, and `Welcome` with the replica segment out (`wire::handshake`). The
+//! acceptor starts at most [`MAX_HANDSHAKES`] at once and refuses the rest at once.
+
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use netless_shm::{peer_cred, recv_frame_by, send_frame_by};
+
+use super::conn::{lock, Admitted, Conn};
+use super::state::ServerState;
+use crate::segment::layout::conn_tag;
+use crate::segment::ConnSegment;
+use crate::status::{Code, Status};
+use crate::sync::Ordering;
+use crate::wire::handshake::{Frame, HELLO_LEN, PROTOCOL_VERSION};
+
+/// Most handshakes in progress at once; a client arriving beyond them is refused at once
+/// with `RESOURCE_EXHAUSTED` (and may retry).
+pub(super) const MAX_HANDSHAKES: usize = 128;
+/// How long one whole handshake may take, however the client paces its bytes.
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A handshake thread's stack: it only encodes and decodes a few small frames.
+const HANDSHAKE_STACK: usize = 256 * 1024;
+/// How long a refusal may take to send when the server is too busy to handshake.
+const BUSY_REFUSAL: Duration = Duration::from_millis(20);
+
+/// The connections handshakes admitted, for the acceptor to watch, and the eventfd that
+/// tells it some arrived.
+struct Inbox {
+    admitted: Mutex<Vec<Arc<Conn>>>,
+    wake: OwnedFd,
+}
+
+/// The handshakes in progress.
+pub(super) struct Handshakes {
+    /// Each handshake's thread, and a handle on its socket to cut it short when the server
+    /// stops.
+    in_flight: Vec<(JoinHandle<()>, UnixStream)>,
+    inbox: Arc<Inbox>,
+}
+
+impl Handshakes {
+    pub(super) fn new() -> Result<Handshakes, Status> {
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| Status::resource_exhausted(format!("eventfd: {e}")))?;
+        Ok(Handshakes {
+            in_flight: Vec::new(),
+            inbox: Arc::new(Inbox {
+                admitted: Mutex::new(Vec::new()),
+                wake,
+            }),
+        })
+    }
+
+    /// Readable when a handshake admitted a connection.
+    pub(super) fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.inbox.wake.as_fd()
+    }
+
+    /// Starts the handshake with a client that just connected (its connection's tag takes
+    /// `generation`), or refuses it at once if [`MAX_HANDSHAKES`] are in progress.
+    pub(super) fn start(&mut self, server: &Arc<ServerState>, socket: UnixStream, generation: u32) {
+        self.in_flight.retain(|(thread, _)| !thread.is_finished());
+        if self.in_flight.len() >= MAX_HANDSHAKES {
+            refuse(
+                &socket,
+                Status::resource_exhausted(format!(
+                    "service `{}` is admitting {MAX_HANDSHAKES} clients already: retry",
+                    server.service
+                )),
+                Instant::now() + BUSY_REFUSAL,
+            );
+            return;
+        }
+        let Ok(handle) = socket.try_clone() else {
+            return;
+        };
+        let (server, inbox) = (server.clone(), self.inbox.clone());
+        let spawned = thread::Builder::new()
+            .name("netless-handshake".into())
+            .stack_size(HANDSHAKE_STACK)
+            .spawn(move || {
+                let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+                if let Some(conn) = admit(&server, socket, generation, deadline) {
+                    lock(&inbox.admitted).push(conn);
+                    let _ = rustix::io::write(&inbox.wake, &1u64.to_ne_bytes());
+                }
+            });
+        match spawned {
+            Ok(thread) => self.in_flight.push((thread, handle)),
+            Err(e) => tracing::warn!("netless: cannot spawn a handshake thread: {e}"),
+        }
+    }
+
+    /// The connections admitted since the last call.
+    pub(super) fn take_admitted(&self) -> Vec<Arc<Conn>> {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(&self.inbox.wake, &mut counter);
+        std::mem::take(&mut *lock(&self.inbox.admitted))
+    }
+
+    /// Cuts every handshake in progress short and waits for their threads.
+    pub(super) fn stop(&mut self) {
+        for (_, socket) in &self.in_flight {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+        for (thread, _) in self.in_flight.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Sends `status` as the reason a client is refused, then half-closes so it reads it.
+fn refuse(socket: &UnixStream, status: Status, deadline: Instant) -> Option<Arc<Conn>> {
+    let _ = send_frame_by(socket, &Frame::Reject(status).encode(), &[], deadline);
+    let _ = socket.shutdown(std::net::Shutdown::Write);
+    None
+}
+
+/// A client's socket during its handshake: shut down if the handshake does not admit it
+/// (closing it is not enough: the acceptor holds a second handle, to cut it short).
+struct Handshaking(Option<UnixStream>);
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        if let Some(socket) = &self.0 {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The handshake with a new client, all of it by `deadline`; its connection, installed in
+/// the table, or `None` if it was refused or failed.
+fn admit(
+    server: &ServerState,
+    socket: UnixStream,
+    generation: u32,
+    deadline: Instant,
+) -> Option<Arc<Conn>> {
+    let mut handshaking = Handshaking(Some(socket));
+    let socket = handshaking.0.as_ref()?;
+    let _ = socket.set_nonblocking(false);
+    // The ACL is checked before anything is read or any fd is passed.
+    let acl = &server.config.acl;
+    let peer_pid = match peer_cred(socket) {
+        Ok(cred) if acl.allows(&cred) => cred.pid.max(0) as u32,
+        Ok(cred) => {
+            let status = Status::new(
+                Code::PermissionDenied,
+                format!(
+                    "uid {} gid {} is not allowed to use service `{}` (its ACL admits uids {:?}, gids {:?})",
+                    cred.uid,
+                    cred.gid,
+                    server.service,
+                    acl.uids(),
+                    acl.gids()
+                ),
+            );
+            return refuse(socket, status, deadline);
+        }
+        Err(e) => {
+            let status = Status::unavailable(format!("cannot read peer credentials: {e}"));
+            return refuse(socket, status, deadline);
+        }
+    };
+    let greeting = Frame::Greeting {
+        version: PROTOCOL_VERSION,
+    };
+    send_frame_by(socket, &greeting.encode(), &[], deadline).ok()?;
+    let (bytes, mut fds) = recv_frame_by(socket, 1, HELLO_LEN, deadline).ok()?;
+    let (client_max, client_domain) = match Frame::decode(&bytes) {
+        Some(Frame::Hello {
+            version,
+            max_message,
+            domain,
+        }) if version == PROTOCOL_VERSION => (max_message as usize, domain),
+        Some(Frame::Hello { version, .. }) => {
+            let status = Status::unavailable(format!(
+                "client speaks netless protocol {version}, server {PROTOCOL_VERSION}"
+            ));
+            return refuse(socket, status, deadline);
+        }
+        _ => {
+            return refuse(
+                socket,
+                Status::invalid_argument("malformed handshake"),
+                deadline,
+            )
+        }
+    };
+    let Some(fd) = fds.pop() else {
+        let status = Status::invalid_argument("the hello carried no connection segment");
+        return refuse(socket, status, deadline);
+    };
+    let (segment, producer) = match ConnSegment::attach(fd) {
+        Ok(s) => s,
+        Err(e) => return refuse(socket, Status::invalid_argument(e), deadline),
+    };
+    if server.is_stopping() {
+        let status = Status::unavailable(format!("service `{}` is shutting down", server.service));
+        return refuse(socket, status, deadline);
+    }
+    let conn = {
+        // One admission at a time takes a slot: the count, the vacant slot and the install
+        // must agree.
+        let _admitting = lock(&server.admitting);
+        let limit = server
+            .replica
+            .server_control()
+            .max_connections
+            .load(Ordering::Relaxed);
+        if server.conns.live() >= limit {
+            let status = Status::resource_exhausted(format!(
+                "service `{}` admits at most {limit} connections now (its max_connections register)",
+                server.service
+            ));
+            return refuse(socket, status, deadline);
+        }
+        let Some(index) = server.conns.vacant() else {
+            let status = Status::resource_exhausted(format!(
+                "service `{}` has its maximum of {} connections",
+                server.service, server.config.max_connections
+            ));
+            return refuse(socket, status, deadline);
+        };
+        let conn = Arc::new(Conn::new(Admitted {
+            index,
+            tag: conn_tag(index, generation),
+            token: random_token(),
+            segment,
+            producer,
+            socket: handshaking.0.take()?,
+            client_max,
+            // Refs only from a process the domain itself admitted (checked against the
+            // domain's member table, not the id the client claims), and only its own.
+            by_ref: client_domain != 0
+                && client_domain == server.domain_id()
+                && server
+                    .config
+                    .domain
+                    .as_ref()
+                    .is_some_and(|d| d.has_member(peer_pid)),
+            peer_pid,
+        }));
+        server.conns.install(&conn);
+        // Counted before the client hears it is connected, so stats read after its
+        // `connect` returns include it.
+        server.count_connection(1);
+        conn
+    };
+    let welcome = Frame::Welcome {
+        version: PROTOCOL_VERSION,
+        conn_index: conn.index,
+        tag: conn.tag,
+        token: conn.token,
+        domain: server.domain_id(),
+    };
+    let replica = [server.replica.segment().fd()];
+    if send_frame_by(&conn.socket, &welcome.encode(), &replica, deadline).is_err() {
+        server.conns.remove(conn.index);
+        server.count_connection(-1);
+        let _ = conn.socket.shutdown(std::net::Shutdown::Both);
+        return None;
+    }
+    let _ = conn.socket.set_read_timeout(None);
+    let _ = conn.socket.set_write_timeout(None);
+    Some(conn)
+}
+
+/// A per-connection secret so a stray or forged queue entry cannot impersonate a connection.
+fn random_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok()
+    {
+        return u64::from_le_bytes(bytes);
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}

@@ -1,0 +1,138 @@
+//! A hostile peer, for real: the server runs in a process of its own, and this test process
+//! plays a client that attacks it through the real socket and shared memory, while honest
+//! clients call the same service. Each test asserts what the honest side sees.
+
+mod common;
+
+use std::io::{BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Child;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use netless::{CallOptions, Client, Server};
+
+/// Entry point of the spawned server (run only by it, via `--ignored`).
+#[test]
+#[ignore = "entry point of the peer processes the other tests spawn"]
+fn hostile_peer_entry() {
+    let Some((_, dir, service)) = role() else {
+        return;
+    };
+    let server = Server::bind(&service, server_config(&dir), test_handler).unwrap();
+    println!("READY");
+    std::io::stdout().flush().unwrap();
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    drop(server);
+}
+
+/// The server process, stopped (stdin closed, then killed) on drop.
+struct ServerProcess {
+    child: Child,
+}
+
+impl ServerProcess {
+    fn start(dir: &TestDir, service: &str) -> ServerProcess {
+        let mut child = spawn_role("hostile_peer_entry", "server", dir.path(), service);
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        wait_for_line(&mut stdout, "READY");
+        drain_in_background(stdout);
+        ServerProcess { child }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client that calls `Echo` once and says how long connecting and calling took.
+fn honest_call(dir: &TestDir, service: &str) -> Duration {
+    let started = Instant::now();
+    let client = Client::connect_with(service, client_config(dir.path())).unwrap();
+    let options = CallOptions::new().timeout(Duration::from_secs(5));
+    let reply = client.call("Echo", b"honest", &options).unwrap();
+    assert_eq!(reply.payload, b"honest");
+    started.elapsed()
+}
+
+/// How long until `socket` reads end-of-file (the server closed it), reading and dropping
+/// whatever comes first (a greeting, a refusal); `None` if it stays open for `limit`.
+fn closed_within(socket: &mut UnixStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    while started.elapsed() < limit {
+        let left = limit
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        socket.set_read_timeout(Some(left)).unwrap();
+        match socket.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return None,
+            Err(_) => return Some(started.elapsed()),
+        }
+    }
+    None
+}
+
+#[test]
+fn a_trickled_handshake_holds_up_no_one_and_is_cut_off() {
+    let dir = TestDir::new("trickle");
+    let service = "hostile.Trickle";
+    let _server = ServerProcess::start(&dir, service);
+    let path = client_config(dir.path()).socket_path(service).unwrap();
+    // Twenty clients connect and never say a word, and one sends its Hello a byte at a time,
+    // each byte well inside any per-read timeout.
+    let mut silent: Vec<UnixStream> = (0..20)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    let mut trickler = UnixStream::connect(&path).unwrap();
+    let mut writer = trickler.try_clone().unwrap();
+    let trickling = thread::spawn(move || {
+        let _ = writer.write_all(&17u32.to_le_bytes());
+        for _ in 0..40 {
+            if writer.write_all(&[1]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+    });
+    // Meanwhile honest clients are admitted and served as usual.
+    for _ in 0..3 {
+        let took = honest_call(&dir, service);
+        assert!(
+            took < Duration::from_secs(2),
+            "an honest connect and call took {took:?}"
+        );
+    }
+    // The handshakes that do not finish in time are cut off: one deadline for the whole
+    // handshake (2 s), however the bytes come.
+    let cut = closed_within(&mut trickler, Duration::from_secs(6));
+    assert!(
+        cut.is_some(),
+        "a trickled handshake was still open after 6 s"
+    );
+    for socket in &mut silent {
+        assert!(
+            closed_within(socket, Duration::from_secs(6)).is_some(),
+            "a silent handshake stayed open"
+        );
+    }
+    trickling.join().unwrap();
+    // And the server still admits and serves.
+    assert!(honest_call(&dir, service) < Duration::from_secs(2));
+}
