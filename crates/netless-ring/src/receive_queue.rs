@@ -239,6 +239,44 @@ impl<'a> ReceiveQueue<'a> {
         }
     }
 
+    /// Consumer (server) side: puts back a tail no honest producer leaves: more than a lap
+    /// ahead of `head` (producers would find every cell "stale" and give up, the consumer
+    /// would never believe it, and the queue would stay jammed for good) or more than a lap
+    /// behind it. The repaired tail is just past the run of filled cells from `head`, where
+    /// the next producer fills; a tail within a lap of `head` is left alone (a producer
+    /// that filled a cell and has not bumped the tail yet leaves it one or a few behind).
+    /// Returns the tail it wrote, if it repaired one. Costs one load when the tail is sane,
+    /// and up to a lap of cell loads when it is not.
+    pub fn repair_tail(&self, head: &ConsumerHead) -> Option<u64> {
+        let h = head.0.load(Acquire);
+        let seen = self.tail.load(Acquire);
+        let ahead = seen.wrapping_sub(h) as i64;
+        let lap = (self.mask + 1) as i64;
+        if (-lap..=lap).contains(&ahead) {
+            return None;
+        }
+        let mut t = h;
+        for _ in 0..=self.mask {
+            let word = self.cell(t).load(Acquire);
+            if turn_of(word).wrapping_sub(turn_empty(t >> self.lap_shift)) != 1 {
+                break;
+            }
+            t = t.wrapping_add(1);
+        }
+        // Failure: a producer or another repair moved it meanwhile; the next check sees.
+        self.tail
+            .compare_exchange(seen, t, Release, Relaxed)
+            .is_ok()
+            .then_some(t)
+    }
+
+    /// What a faulty producer can do to the shared tail (any process that maps the queue can
+    /// write it): for tests of [`ReceiveQueue::repair_tail`] across processes.
+    #[doc(hidden)]
+    pub fn overwrite_tail(&self, value: u64) {
+        self.tail.store(value, Release);
+    }
+
     #[inline]
     fn cell(&self, position: u64) -> &'a AtomicU64 {
         // In bounds: `position & mask < cells.len()` by the struct invariant.
@@ -415,6 +453,10 @@ impl<'a> ReceiveQueue<'a> {
                     }
                     let ahead = self.tail.load(Acquire).wrapping_sub(h);
                     if ahead == 0 || ahead > self.mask + 1 {
+                        if ahead != 0 {
+                            // Jammed by a tail no honest producer leaves: put it back.
+                            let _ = self.repair_tail(head);
+                        }
                         return Dequeue::Empty;
                     }
                     if cell.compare_exchange(word, freed, AcqRel, Relaxed).is_ok() {

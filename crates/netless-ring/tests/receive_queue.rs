@@ -210,6 +210,40 @@ fn a_hole_is_skipped() {
 }
 
 #[test]
+fn a_tail_thrown_a_lap_away_is_put_back() {
+    for jump in [100u64, 8 * 1000 + 3, u64::MAX - 20, (1 << 40) + 29] {
+        let (tail, cells) = parts(8);
+        let queue = ReceiveQueue::from_parts(&tail, &cells).unwrap();
+        let head = ConsumerHead::new();
+        queue.try_enqueue(1).unwrap();
+        queue.try_enqueue(2).unwrap();
+        // A malicious client writes the tail far ahead (or, wrapping, behind); not by a
+        // multiple of 2^31 laps, whose cell turns (32 bits) alias lap 0 and just work.
+        tail.store(2u64.wrapping_add(jump), Ordering::Relaxed);
+        // Producers give up and the consumer cannot believe it: jammed, until repaired.
+        assert!(queue.try_enqueue(3).is_err(), "jump {jump}");
+        assert_eq!(queue.repair_tail(&head), Some(2), "jump {jump}");
+        assert_eq!(queue.repair_tail(&head), None, "a sane tail is left alone");
+        queue.try_enqueue(3).unwrap();
+        for i in 1..=3 {
+            assert_eq!(queue.try_dequeue(&head), Dequeue::Item(i));
+        }
+        // The consumer repairs it too when it checks for holes.
+        tail.store(3u64.wrapping_add(jump), Ordering::Relaxed);
+        assert_eq!(queue.try_dequeue(&head), Dequeue::Empty);
+        assert_eq!(tail.load(Ordering::Relaxed), 3, "jump {jump}");
+        queue.try_enqueue(4).unwrap();
+        assert_eq!(queue.try_dequeue(&head), Dequeue::Item(4));
+    }
+    // Within a lap either way, the tail is a producer's business, not a repair's.
+    let (tail, cells) = parts(8);
+    let queue = ReceiveQueue::from_parts(&tail, &cells).unwrap();
+    let head = ConsumerHead::new();
+    tail.store(8, Ordering::Relaxed);
+    assert_eq!(queue.repair_tail(&head), None);
+}
+
+#[test]
 fn a_crashed_producer_never_leaves_a_hole() {
     // A producer that filled its cell and died before bumping the tail: the next producer
     // helps, the consumer sees the item.

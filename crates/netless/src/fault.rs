@@ -40,6 +40,9 @@ pub enum ClientFault {
     /// The published consumer head rewound to 0, so the queue looks as deep as every
     /// request ever sent (clients then refuse to call under an SLO), and nobody notified.
     StaleHead,
+    /// The queue's shared tail thrown ten laps (and a bit) ahead of where it is: every
+    /// producer would find the cells "stale" and give up, for good unless it is repaired.
+    TailJump,
 }
 
 /// Makes `client` misbehave as `fault` says. The server should close this client's
@@ -67,6 +70,11 @@ pub fn inject(client: &Client, fault: ClientFault) {
     match fault {
         ClientFault::StaleHead => {
             view.head().position.store(0, Ordering::Relaxed);
+            return;
+        }
+        ClientFault::TailJump => {
+            let lap = u64::from(queue.capacity());
+            queue.overwrite_tail(queue.tail_hint().wrapping_add(10 * lap + 3));
             return;
         }
         ClientFault::GarbageQueue => {

@@ -136,3 +136,44 @@ fn a_trickled_handshake_holds_up_no_one_and_is_cut_off() {
     // And the server still admits and serves.
     assert!(honest_call(&dir, service) < Duration::from_secs(2));
 }
+
+/// Calls `Echo` until one succeeds (NACKs, the queue's refusals, are retried) or `limit`
+/// passes; how long it took.
+fn call_until_served(client: &Client, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let options = CallOptions::new().timeout(Duration::from_secs(2));
+    while started.elapsed() < limit {
+        match client.call("Echo", b"after", &options) {
+            Ok(reply) => {
+                assert_eq!(reply.payload, b"after");
+                return Some(started.elapsed());
+            }
+            Err(status) if status.is_nack() => thread::sleep(Duration::from_millis(5)),
+            Err(status) => panic!("an honest call failed with {status}"),
+        }
+    }
+    None
+}
+
+#[test]
+fn a_tail_thrown_laps_ahead_is_put_back_within_a_second() {
+    let dir = TestDir::new("tailjump");
+    let service = "hostile.TailJump";
+    let _server = ServerProcess::start(&dir, service);
+    let honest = Client::connect_with(service, client_config(dir.path())).unwrap();
+    assert!(call_until_served(&honest, Duration::from_secs(5)).is_some());
+    let hostile = Client::connect_with(service, client_config(dir.path())).unwrap();
+    for _ in 0..3 {
+        // One store to the shared tail: without repair no producer could enqueue again.
+        netless::fault::inject(&hostile, netless::fault::ClientFault::TailJump);
+        let took = call_until_served(&honest, Duration::from_secs(5));
+        let took = took.expect("the queue stayed jammed for 5 s");
+        assert!(
+            took < Duration::from_secs(1),
+            "served again only after {took:?}"
+        );
+    }
+    // A new client, and the hostile one itself, are served as usual.
+    assert!(honest_call(&dir, service) < Duration::from_secs(2));
+    assert!(call_until_served(&hostile, Duration::from_secs(1)).is_some());
+}

@@ -116,6 +116,7 @@ impl Acceptor {
                     self.handshakes.start(&self.server, socket, self.generation);
                 }
             }
+            self.repair_tails();
             let server = &self.server;
             self.dying.retain(|d| !try_reclaim(server, d));
             self.server.update_depth_limit();
@@ -128,6 +129,22 @@ impl Acceptor {
                 "service `{}` is shutting down",
                 self.server.service
             )));
+        }
+    }
+
+    /// Puts back a queue tail a faulty client threw outside a lap of the head (no producer
+    /// could enqueue, and the head would never pass a dead connection's last entry).
+    fn repair_tails(&self) {
+        let server = &self.server;
+        for (q, view) in server.replica.queues().iter().enumerate() {
+            if let Some(tail) = view.queue().repair_tail(&server.heads[q]) {
+                server.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "netless: service `{}`: receive queue {q}'s tail was thrown outside a lap \
+                     of its head (a faulty client); put back at {tail}",
+                    server.service
+                );
+            }
         }
     }
 
@@ -152,17 +169,20 @@ impl Acceptor {
         conn.dead.store(true, Ordering::Release);
         self.server.conns.retire(conn.index);
         let _ = conn.socket.shutdown(std::net::Shutdown::Both);
-        // The tail is written by clients: never believe it more than a lap ahead.
+        // Everything it enqueued lies before the tail. The tail is written by clients: put
+        // back first if thrown away, never believed more than a lap ahead, and one behind
+        // the head (a producer that has not bumped it yet) means nothing is left to drain.
+        self.repair_tails();
         let server = &self.server;
         let q = conn.index as usize % server.heads.len();
         let head = server.heads[q].position();
         let queue = server.replica.queues()[q].queue();
         let lap = u64::from(queue.capacity());
-        let tail = queue.tail_hint();
-        let tail_at_death = if tail.wrapping_sub(head) <= lap {
-            tail
+        let ahead = queue.tail_hint().wrapping_sub(head) as i64;
+        let tail_at_death = if ahead <= 0 {
+            head
         } else {
-            head + lap
+            head + (ahead as u64).min(lap)
         };
         self.dying.push(Dying {
             tail_at_death,
