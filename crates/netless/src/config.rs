@@ -96,8 +96,10 @@ pub struct ServerConfig {
     pub dir: Option<PathBuf>,
     /// CPUs to pin worker `i` to (`pin_cpus[i % len]`); empty means no pinning.
     pub pin_cpus: Vec<usize>,
-    /// How long a worker waits for room in a client's response ring before it gives up on
-    /// that client and closes its connection.
+    /// How long replies may wait for room in a client's response ring before the server gives
+    /// up on that client and closes its connection. Workers never wait for it: a reply that
+    /// finds the ring full waits in the connection's backlog (at most
+    /// [`MAX_BACKLOG_BYTES`](crate::MAX_BACKLOG_BYTES)) while they serve others.
     pub response_stall_limit: Duration,
     /// The page-pool domain this server belongs to. Clients of the same domain may send
     /// large payloads as Refs (pass by reference); the handler sees the bytes either way.

@@ -65,6 +65,7 @@ pub use pipeline::Pipeline;
 pub use segment::WakeSource;
 pub use server::{
     ConnectionWatch, DeferredReply, Handler, Request, ResponseBuilder, Server, ServerStats,
+    MAX_BACKLOG_BYTES,
 };
 pub use slo::{sizing, Slo};
 pub use status::{Code, Status};

@@ -177,3 +177,65 @@ fn a_tail_thrown_laps_ahead_is_put_back_within_a_second() {
     assert!(honest_call(&dir, service) < Duration::from_secs(2));
     assert!(call_until_served(&hostile, Duration::from_secs(1)).is_some());
 }
+
+#[test]
+fn a_client_that_stops_reading_its_replies_stalls_no_worker() {
+    let dir = TestDir::new("undrained");
+    let service = "hostile.Undrained";
+    let _server = ServerProcess::start(&dir, service);
+    // A pipeline that keeps 256 calls of 4 KiB in flight and never reads a reply: its ring
+    // (64 KiB by default) fills after a dozen.
+    let mut stuck = netless::Pipeline::connect(service, client_config(dir.path())).unwrap();
+    let payload = vec![7u8; 4096];
+    let mut sent = 0;
+    while sent < 256 {
+        match stuck.submit("Echo", &payload) {
+            Ok(_) => sent += 1,
+            Err(status) if status.is_nack() => thread::sleep(Duration::from_millis(1)),
+            Err(status) => panic!("submit: {status}"),
+        }
+    }
+    stuck.flush();
+    // The server's two workers serve everyone else at once meanwhile (a worker that waited
+    // for room in the stuck ring would hold every call behind it for up to 2 s).
+    let honest = Client::connect_with(service, client_config(dir.path())).unwrap();
+    let options = CallOptions::new().timeout(Duration::from_secs(5));
+    let started = Instant::now();
+    for i in 0..200u32 {
+        let reply = honest.call("Echo", &i.to_le_bytes(), &options).unwrap();
+        assert_eq!(reply.payload, i.to_le_bytes());
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "200 honest calls took {took:?}"
+    );
+    // The stuck client's connection is closed once its replies have waited past the stall
+    // limit (2 s), and it hears why.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stuck.is_closed() {
+        assert!(
+            Instant::now() < deadline,
+            "the stuck connection was never closed"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let mut why = None;
+    let _ = stuck.poll(|_, reply| {
+        if let Err(status) = reply {
+            why.get_or_insert(status);
+        }
+    });
+    let status = stuck
+        .poll(|_, _| {})
+        .expect_err("a closed pipeline says so");
+    assert!(
+        status
+            .message()
+            .contains("stopped draining its response ring"),
+        "{status}"
+    );
+    drop(why);
+    // And the server serves on.
+    assert!(honest_call(&dir, service) < Duration::from_secs(2));
+}

@@ -7,7 +7,7 @@
 //! per-worker [`ConnCache`] refreshed when a slot's tag changes, so the hot path takes no
 //! lock and clones no `Arc`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -43,6 +43,8 @@ pub(super) struct Conn {
     pub(super) socket: UnixStream,
     pub(super) dead: AtomicBool,
     partials: Mutex<HashMap<u64, Partial>>,
+    /// Replies waiting for room in the ring (its client is slow, or stopped reading).
+    pub(super) backlog: Mutex<Backlog>,
     /// What its response ring takes.
     pub(super) limits: RecordLimits,
     /// It sent a compact batch, so it reads `RESPONSE_BATCH` records (it is a `Pipeline`).
@@ -65,6 +67,15 @@ pub(super) struct Admitted {
     pub(super) client_max: usize,
     pub(super) by_ref: bool,
     pub(super) peer_pid: u32,
+}
+
+/// Replies that found the connection's response ring full, in order, waiting for room.
+#[derive(Default)]
+pub(super) struct Backlog {
+    pub(super) records: VecDeque<Vec<u8>>,
+    pub(super) bytes: usize,
+    /// When the oldest of them was backlogged.
+    pub(super) since: Option<Instant>,
 }
 
 /// A fragmented request being reassembled.
@@ -109,6 +120,7 @@ impl Conn {
             socket: a.socket,
             dead: AtomicBool::new(false),
             partials: Mutex::new(HashMap::new()),
+            backlog: Mutex::new(Backlog::default()),
             by_ref: a.by_ref,
             peer_pid: a.peer_pid,
         }
@@ -255,6 +267,12 @@ impl ConnTable {
         let slot = &self.slots[index as usize];
         slot.tag.store(0, Ordering::Release);
         slot.conn.write().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The connection in slot `index`, live or retired.
+    pub(super) fn get(&self, index: u32) -> Option<Arc<Conn>> {
+        let slot = self.slots.get(index as usize)?;
+        slot.conn.read().ok()?.clone()
     }
 
     /// The word holding slot `index`'s live tag (0: none).

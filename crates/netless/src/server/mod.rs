@@ -11,8 +11,9 @@
 //! - `worker`: a worker thread's loop over the queue, `lone`: its runs of lone requests;
 //! - `serve`: validating a queue entry's run and serving the request, fragment or batch in
 //!   it; `dispatch`: one request to the handler;
-//! - `reply`: the reply path into the client's response ring; `notify`: one notification per
-//!   batch of replies; `deferred`: replies sent later, from any thread;
+//! - `reply`: the reply path into the client's response ring; `backlog`: replies waiting for
+//!   room in a slow client's ring; `notify`: one notification per batch of replies;
+//!   `deferred`: replies sent later, from any thread;
 //! - `state`: what all of a server's threads share.
 //!
 //! Workers validate every request against the connection table (index, secret token, block
@@ -37,6 +38,7 @@ use crate::status::{Code, Status};
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 mod accept;
+mod backlog;
 mod conn;
 mod deferred;
 mod dispatch;
@@ -49,6 +51,7 @@ mod serve;
 mod state;
 mod worker;
 
+pub use backlog::MAX_BACKLOG_BYTES;
 pub use deferred::{ConnectionWatch, DeferredReply};
 pub use handler::{Handler, Request, ResponseBuilder};
 
@@ -175,6 +178,7 @@ impl Server {
             heads: (0..config.queues()).map(|_| ConsumerHead::new()).collect(),
             conns: ConnTable::new(config.max_connections),
             admitting: std::sync::Mutex::new(()),
+            backlogs: backlog::Backlogs::new(),
             handler: Box::new(handler),
             stopping: AtomicBool::new(false),
             workers: (0..config.workers).map(|_| WorkerSlot::default()).collect(),

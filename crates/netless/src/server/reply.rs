@@ -3,12 +3,11 @@
 //! fragments when a reply is longer than a record, and a notification of the client once
 //! the replies are in.
 //!
-//! The ring belongs to the client: its head is read as a hint, a full ring is waited on
-//! only so long (`response_stall_limit`), and a corrupt one closes the connection.
+//! The ring belongs to the client: its head is read as a hint and a corrupt one closes the
+//! connection. A worker never waits for room in it: a reply that finds it full goes to the
+//! connection's backlog (`backlog`).
 
 use std::sync::Arc;
-use std::thread;
-use std::time::Instant;
 
 use netless_ring::{Producer, PushError};
 
@@ -146,7 +145,7 @@ impl ServerState {
         if pushed.is_ok() {
             notify_client(conn);
         }
-        pushed
+        pushed.map(|_| ())
     }
 
     /// [`ServerState::send_batch`] for deferred replies: a failure closes the connection,
@@ -188,7 +187,10 @@ impl ServerState {
                 frag_len: payload.len() as u32,
                 ..ResponseHeader::default()
             };
-            self.push_with(conn, |p| p.try_push_header(header.as_bytes(), payload))?;
+            let parts = [&header.as_bytes()[..], payload];
+            self.push_with(conn, &parts, |p| {
+                p.try_push_header(header.as_bytes(), payload)
+            })?;
             notify_client(conn);
             return Ok(());
         }
@@ -253,16 +255,26 @@ impl ServerState {
             ..ResponseHeader::default()
         };
         let mut offset = 0;
+        // Once a fragment waits in the backlog, the rest follow it there: a client reads a
+        // reply's fragments in order.
+        let mut backlogged = false;
         loop {
             let frag_len = (body_len - offset).min(max_fragment);
             header.frag_offset = offset as u32;
             header.frag_len = frag_len as u32;
             let (a, b) = split_range(md_slice, payload, offset, frag_len);
             // Mostly there is no metadata: two parts, one copy fewer.
-            if a.is_empty() {
-                self.push_record(conn, &[header.as_bytes(), b])?;
+            let three;
+            let parts: &[&[u8]] = if a.is_empty() {
+                &[header.as_bytes(), b][..]
             } else {
-                self.push_record(conn, &[header.as_bytes(), a, b])?;
+                three = [&header.as_bytes()[..], a, b];
+                &three
+            };
+            if backlogged {
+                self.backlogs.push(self, conn, parts)?;
+            } else {
+                backlogged = self.push_record(conn, parts)?;
             }
             offset += frag_len;
             if offset >= body_len {
@@ -317,24 +329,23 @@ impl ServerState {
         f(producer)
     }
 
-    /// Pushes one record made of `parts` into the connection's response ring, waiting (and
-    /// notifying the client) while the ring is full, up to `response_stall_limit`. `Ok` also
-    /// when the client died or the server is stopping meanwhile (nothing to send to).
-    fn push_record(&self, conn: &Conn, parts: &[&[u8]]) -> Result<(), &'static str> {
-        self.push_with(conn, |producer| producer.try_push(parts))
+    /// Pushes one record made of `parts` into the connection's response ring, or into its
+    /// backlog when the ring is full; whether it went to the backlog.
+    fn push_record(&self, conn: &Conn, parts: &[&[u8]]) -> Result<bool, &'static str> {
+        self.push_with(conn, parts, |producer| producer.try_push(parts))
     }
 
-    /// [`ServerState::push_record`] of whatever `push` pushes (retried while the ring is
-    /// full).
+    /// [`ServerState::push_record`] of `parts` by `push` (which pushes those same parts).
     #[inline(always)]
     fn push_with(
         &self,
         conn: &Conn,
+        parts: &[&[u8]],
         push: impl Fn(&mut Producer<'static>) -> Result<(), PushError>,
-    ) -> Result<(), &'static str> {
+    ) -> Result<bool, &'static str> {
         match self.push_once(conn, &push) {
-            Ok(()) => Ok(()),
-            Err(PushError::Full) => self.push_stalled(conn, &push),
+            Ok(()) => Ok(false),
+            Err(PushError::Full) => self.backlogs.push(self, conn, parts).map(|()| true),
             Err(PushError::TooLarge) => Err("response fragment larger than the ring"),
             Err(_) => Err("the response ring's head is corrupt"),
         }
@@ -343,7 +354,7 @@ impl ServerState {
     /// One try of `push`; after a record went in, notes where the next one will go (for
     /// the prefetches that take its lines ahead).
     #[inline(always)]
-    fn push_once(
+    pub(super) fn push_once(
         &self,
         conn: &Conn,
         push: &impl Fn(&mut Producer<'static>) -> Result<(), PushError>,
@@ -356,33 +367,6 @@ impl ServerState {
             }
             pushed
         })
-    }
-
-    /// `push_with` once the ring was full: retries, notifying the client, until it has room,
-    /// the client or the server goes, or `response_stall_limit` passes.
-    #[inline(never)]
-    fn push_stalled(
-        &self,
-        conn: &Conn,
-        push: &impl Fn(&mut Producer<'static>) -> Result<(), PushError>,
-    ) -> Result<(), &'static str> {
-        let since = Instant::now();
-        loop {
-            if conn.is_dead() || self.is_stopping() {
-                return Ok(());
-            }
-            if since.elapsed() > self.config.response_stall_limit {
-                return Err("the client stopped draining its response ring");
-            }
-            netless_ring::notify(conn.segment.doorbell());
-            thread::yield_now();
-            match self.push_once(conn, push) {
-                Ok(()) => return Ok(()),
-                Err(PushError::Full) => {}
-                Err(PushError::TooLarge) => return Err("response fragment larger than the ring"),
-                Err(_) => return Err("the response ring's head is corrupt"),
-            }
-        }
     }
 }
 

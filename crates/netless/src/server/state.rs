@@ -41,6 +41,8 @@ pub(super) struct ServerState {
     /// Held while a handshake takes a slot of the table (the count, the vacant slot and the
     /// install must agree).
     pub(super) admitting: std::sync::Mutex<()>,
+    /// Connections with replies waiting for room in their ring.
+    pub(super) backlogs: super::backlog::Backlogs,
     pub(super) handler: Box<dyn Handler>,
     pub(super) stopping: AtomicBool,
     pub(super) workers: Box<[WorkerSlot]>,

@@ -282,6 +282,8 @@ impl Worker<'_> {
                             // for holes, which reads the tail clients write. (In futex mode
                             // a worker polls once per wake-up, so it checks every time.)
                             let taken = take(futex_only || polls.is_multiple_of(256), false);
+                            // Replies waiting for a slow client's ring, while there is time.
+                            server.backlogs.drain(server);
                             // The handler's own work counts as something done: no sleep.
                             if taken.is_none() && handler_poll() {
                                 return Some(None);
@@ -313,6 +315,7 @@ impl Worker<'_> {
                     Some(other) => block = other,
                     None => {
                         me.serving.store(IDLE, Ordering::Release);
+                        server.backlogs.drain(server);
                         continue;
                     }
                 }
@@ -353,8 +356,10 @@ impl Worker<'_> {
                 }
             }
             me.serving.store(IDLE, Ordering::Release);
-            // A busy queue must not starve the handler's own work.
+            // A busy queue must not starve the handler's own work, nor a slow client's
+            // backlogged replies.
             handler_poll();
+            server.backlogs.drain(server);
         }
         if next.is_some() {
             me.held.store(IDLE, Ordering::Release);
