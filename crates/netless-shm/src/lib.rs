@@ -41,5 +41,5 @@ pub use error::Error;
 pub use fdpass::{recv_frame, recv_frame_by, send_frame, send_frame_by, MAX_FDS, MAX_FRAME};
 pub use futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
 pub use peercred::{peer_cred, Acl, PeerCred};
-pub use segment::Segment;
+pub use segment::{Published, PublishedView, Segment};
 pub use socket_dir::{nobody_listens, service_socket_path, socket_dir, MAX_SERVICE_NAME};
