@@ -191,6 +191,28 @@ impl<'a> ReceiveQueue<'a> {
         Self::from_parts(parts.position, cells)
     }
 
+    /// Server side: writes the header of the queue at `region` back as `init` wrote it, in
+    /// case a faulty peer overwrote it (a client attaching later would refuse the queue),
+    /// leaving its tail and cells alone. Nothing of this process reads the header after
+    /// `init`.
+    ///
+    /// # Safety
+    /// As for [`init`](Self::init), except that views of the queue may be in use.
+    #[cfg(not(loom))]
+    pub unsafe fn restore_header(
+        region: NonNull<u8>,
+        region_len: usize,
+        capacity: u32,
+    ) -> Result<(), LayoutError> {
+        layout::check_capacity(capacity.into(), MIN_CAPACITY.into(), MAX_CAPACITY.into())?;
+        layout::check_region(region, region_len, Self::bytes_needed(capacity))?;
+        // SAFETY: region checked for alignment and size; validity and atomic access are the
+        // caller's contract.
+        let parts = unsafe { layout::region_parts(region) };
+        layout::write_header(parts.header, layout::RECEIVE_QUEUE_MAGIC, capacity);
+        Ok(())
+    }
+
     /// Client side: attaches to a queue a server initialised at `region`. The capacity is
     /// read from the header once, validated (power of two, fits `region_len`) and never
     /// re-read.

@@ -255,7 +255,7 @@ impl Published {
 /// A peer's [`Published`] segment, mapped read-only.
 #[derive(Debug)]
 pub struct PublishedView {
-    _fd: OwnedFd,
+    fd: OwnedFd,
     map: MmapRaw,
 }
 
@@ -287,7 +287,7 @@ impl PublishedView {
                 op: "mmap(MAP_SHARED, PROT_READ) of a published segment",
                 source,
             })?;
-        Ok(PublishedView { _fd: fd, map })
+        Ok(PublishedView { fd, map })
     }
 
     /// Length in bytes (never 0).
@@ -298,6 +298,11 @@ impl PublishedView {
     /// Always `false`.
     pub fn is_empty(&self) -> bool {
         self.map.len() == 0
+    }
+
+    /// The memfd (whoever holds it can map it read-only, never writable).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// Start of the read-only mapping, page aligned, valid for [`len`](Self::len) bytes while

@@ -1,7 +1,8 @@
-//! A replica's soft registers (Dagger §3.3) and its live stats, both in the replica segment:
-//! the registers are set through the reserved `netless.ctl/Set` method, validated by the
-//! server and read by its workers (and clients) as they run; the stats are the workers'
-//! counters, which any client of the replica can read without a message.
+//! A replica's soft registers (Dagger §3.3) and its live stats, both in its control segment
+//! (which clients map read-only): the registers are set through the reserved
+//! `netless.ctl/Set` method (by the server's own uid, or root), validated by the server and
+//! read by its workers (and clients) as they run; the stats are the workers' counters,
+//! which any client of the replica can read without a message.
 //!
 //! ```no_run
 //! let client = netless::Client::connect("demo.Echo")?;
@@ -17,7 +18,8 @@ use netless_ring::{WaitMode, WaitPolicy};
 
 use crate::config::ServerConfig;
 use crate::segment::layout::{
-    batch_mode, latency_bucket_floor, wait_mode, ServerControl, BATCH_BUCKETS, LATENCY_BUCKETS,
+    batch_mode, latency_bucket_floor, wait_mode, ServerControl, WorkerStats, BATCH_BUCKETS,
+    LATENCY_BUCKETS,
 };
 use crate::status::{Code, Status};
 use crate::sync::Ordering;
@@ -263,7 +265,7 @@ impl ReplicaStats {
     /// The `q` quantile (0..=1) of the sampled service times (the lower edge of its bucket,
     /// within 19% below the true value); `None` before any sample.
     pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
-        let total: u64 = self.latency.iter().sum();
+        let total = self.latency.iter().fold(0u64, |a, n| a.saturating_add(*n));
         if total == 0 {
             return None;
         }
@@ -288,7 +290,18 @@ impl ReplicaStats {
     }
 }
 
-/// Reads a replica's stats from its segment.
+/// The workers' sampled service times, summed per bucket.
+pub(crate) fn latency_histogram(workers: &[WorkerStats]) -> Vec<u64> {
+    let mut latency = vec![0u64; LATENCY_BUCKETS];
+    for w in workers {
+        for (sum, c) in latency.iter_mut().zip(&w.latency) {
+            *sum = sum.saturating_add(c.load(Ordering::Relaxed));
+        }
+    }
+    latency
+}
+
+/// Reads a replica's stats from its segments.
 pub(crate) fn snapshot(replica: &crate::segment::ReplicaSegment) -> ReplicaStats {
     let mut s = ReplicaStats {
         workers: replica.stats().len() as u32,
@@ -310,10 +323,8 @@ pub(crate) fn snapshot(replica: &crate::segment::ReplicaSegment) -> ReplicaStats
         for (i, c) in w.batch.iter().enumerate() {
             s.batch_sizes[i] = s.batch_sizes[i].wrapping_add(load(c));
         }
-        for (i, c) in w.latency.iter().enumerate() {
-            s.latency[i] = s.latency[i].wrapping_add(load(c));
-        }
     }
+    s.latency = latency_histogram(replica.stats());
     s.by_code = by_code
         .iter()
         .enumerate()

@@ -43,6 +43,10 @@ pub enum ClientFault {
     /// The queue's shared tail thrown ten laps (and a bit) ahead of where it is: every
     /// producer would find the cells "stale" and give up, for good unless it is repaired.
     TailJump,
+    /// Every free block of the buffer claimed under our own tag, past any quota, and kept.
+    HogBlocks,
+    /// Every free block of the buffer marked with a tag no connection owns.
+    ForeignTags,
 }
 
 /// Makes `client` misbehave as `fault` says. The server should close this client's
@@ -68,6 +72,23 @@ pub fn inject(client: &Client, fault: ClientFault) {
     let view = replica.queue_for(conn_index);
     let queue = view.queue();
     match fault {
+        ClientFault::HogBlocks | ClientFault::ForeignTags => {
+            let (tag, _) = shared.lease_identity();
+            let tag = if fault == ClientFault::HogBlocks {
+                block_state::owned(tag)
+            } else {
+                conn_tag(0xfffe, 0x7fff)
+            };
+            for word in table {
+                let _ = word.compare_exchange(
+                    block_state::FREE,
+                    tag,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+            return;
+        }
         ClientFault::StaleHead => {
             view.head().position.store(0, Ordering::Relaxed);
             return;
@@ -202,4 +223,82 @@ pub fn canary_intact(pipe: &Pipeline, block: u32) -> bool {
         src.bytes(0, src.len())
             .is_some_and(|bytes| bytes.iter().all(|&b| b == CANARY))
     })
+}
+
+/// Plays a client of a trust group gone mad: XORs `flips` random bytes (from `seed`, a
+/// xorshift state it advances) at random places of every segment `client` maps writable,
+/// its group's replica segment (headers, queues, table, blocks) and its own connection
+/// segment. Neither other groups nor the server's control segment are in reach.
+pub fn flip_random_bytes(client: &Client, seed: &mut u64, flips: usize) {
+    let conn = client.connection();
+    let segments = [conn.replica.segment(), conn.conn_segment().segment()];
+    for _ in 0..flips {
+        let r = xorshift(seed);
+        let segment = segments[(r & 1) as usize];
+        let at = (r >> 8) as usize % segment.len();
+        let bits = (xorshift(seed) as u8).max(1);
+        // SAFETY: `at < len`, inside the mapping, which lives as long as `client`; the byte
+        // is shared memory, so it is changed with an atomic RMW.
+        let byte = unsafe { &*(segment.as_ptr().add(at) as *const std::sync::atomic::AtomicU8) };
+        byte.fetch_xor(bits, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn xorshift(state: &mut u64) -> u64 {
+    let mut x = (*state).max(1);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
+}
+
+/// What a client could do to the server's control segment (registers, stats) with the fd it
+/// received: `Ok(())` if every attempt failed, as it must, else what succeeded.
+pub fn try_write_registers(client: &Client) -> Result<(), &'static str> {
+    let fd = client
+        .connection()
+        .replica
+        .control_fd_for_fault()
+        .ok_or("no control segment fd")?;
+    // SAFETY: a fresh mapping of our own choosing, unmapped at once; nothing aliases it.
+    let mapped = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            4096,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            fd,
+            0,
+        )
+    };
+    if let Ok(ptr) = mapped {
+        // SAFETY: the mapping just made, 4096 bytes.
+        let _ = unsafe { rustix::mm::munmap(ptr, 4096) };
+        return Err("mapped it writable");
+    }
+    if rustix::io::pwrite(fd, &[0xff; 8], 64).is_ok() {
+        return Err("wrote it with pwrite");
+    }
+    let reopened = std::fs::OpenOptions::new().write(true).open(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ));
+    if let Ok(mut file) = reopened {
+        use std::io::Write;
+        if file.write_all(&[0xff; 8]).is_ok() {
+            return Err("wrote it through /proc/self/fd");
+        }
+    }
+    Ok(())
+}
+
+/// Free and total blocks of `client`'s group's buffer, as its block table says now.
+pub fn table_census(client: &Client) -> (u32, u32) {
+    let table = client.connection().replica.table();
+    let free = table
+        .iter()
+        .filter(|w| w.load(Ordering::Relaxed) == block_state::FREE)
+        .count();
+    (free as u32, table.len() as u32)
 }

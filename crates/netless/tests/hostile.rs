@@ -239,3 +239,76 @@ fn a_client_that_stops_reading_its_replies_stalls_no_worker() {
     // And the server serves on.
     assert!(honest_call(&dir, service) < Duration::from_secs(2));
 }
+
+/// Waits until `client`'s group's buffer is all free but for `spare` blocks at most (the
+/// spare runs honest clients keep); how long that took, or `None` after `limit`.
+fn blocks_back(client: &Client, spare: u32, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let (free, total) = netless::fault::table_census(client);
+        if free + spare >= total {
+            return Some(started.elapsed());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+#[test]
+fn a_client_that_hogs_the_buffer_is_closed_and_its_blocks_come_back() {
+    let dir = TestDir::new("hog");
+    let service = "hostile.Hog";
+    let _server = ServerProcess::start(&dir, service);
+    // One store per free block: every block of the shared buffer under the hog's own tag,
+    // far past its quota.
+    let hog = Client::connect_with(service, client_config(dir.path())).unwrap();
+    assert!(call_until_served(&hog, Duration::from_secs(5)).is_some());
+    netless::fault::inject(&hog, netless::fault::ClientFault::HogBlocks);
+    let (free, _) = netless::fault::table_census(&hog);
+    assert!(free < 16, "the hog left {free} blocks free");
+    // A new client finds no room (NACKs) until the server closes the hog for holding more
+    // than its quota past a one-second grace, and frees its blocks.
+    let honest = Client::connect_with(service, client_config(dir.path())).unwrap();
+    let options = CallOptions::new().timeout(Duration::from_secs(2));
+    let refused = honest.call("Echo", b"first", &options).unwrap_err();
+    assert!(refused.is_nack(), "{refused}");
+    let took = call_until_served(&honest, Duration::from_secs(10)).expect("never served again");
+    assert!(took < Duration::from_secs(3), "served again after {took:?}");
+    // The hog hears why.
+    let started = Instant::now();
+    let status = loop {
+        match hog.call("Echo", b"x", &options) {
+            Err(status) if !status.is_nack() => break status,
+            _ if started.elapsed() > Duration::from_secs(5) => panic!("the hog is not closed"),
+            _ => thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    assert_eq!(status.code(), netless::Code::ResourceExhausted, "{status}");
+    assert!(status.message().contains("quota"), "{status}");
+    // Every block comes back (but the honest client's runs).
+    assert!(blocks_back(&honest, 64, Duration::from_secs(2)).is_some());
+    assert!(honest_call(&dir, service) < Duration::from_secs(2));
+}
+
+#[test]
+fn blocks_marked_with_a_tag_nobody_owns_are_freed() {
+    let dir = TestDir::new("orphans");
+    let service = "hostile.Orphans";
+    let _server = ServerProcess::start(&dir, service);
+    let honest = Client::connect_with(service, client_config(dir.path())).unwrap();
+    assert!(call_until_served(&honest, Duration::from_secs(5)).is_some());
+    // Every free block marked with a tag no connection has: nobody, the writer included,
+    // could claim them, and no connection's death would ever free them.
+    let hostile = Client::connect_with(service, client_config(dir.path())).unwrap();
+    netless::fault::inject(&hostile, netless::fault::ClientFault::ForeignTags);
+    let (free, _) = netless::fault::table_census(&honest);
+    assert!(free < 16, "{free} blocks left free");
+    // A new client (the old one cycles the run it holds) finds room again once the
+    // server frees them, within a second.
+    let honest = Client::connect_with(service, client_config(dir.path())).unwrap();
+    let took = call_until_served(&honest, Duration::from_secs(10)).expect("never served again");
+    assert!(took < Duration::from_secs(1), "served again after {took:?}");
+    assert!(blocks_back(&honest, 64, Duration::from_secs(2)).is_some());
+    // The writer is anonymous: nothing to close, and it is served like anyone.
+    assert!(call_until_served(&hostile, Duration::from_secs(1)).is_some());
+}

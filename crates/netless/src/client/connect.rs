@@ -1,6 +1,7 @@
 //! Connecting: the client's half of the handshake over the service's Unix socket (our
-//! connection segment out, the server's replica segment in), and the checks of what the
-//! server sent before anything of it is used.
+//! connection segment out, our trust group's replica segment and the server's read-only
+//! control segment in), and the checks of what the server sent before anything of it is
+//! used.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use netless_shm::{recv_frame, send_frame};
 
 use super::connection::Handshaken;
 use crate::config::ClientConfig;
-use crate::segment::{ConnSegment, ReplicaSegment};
+use crate::segment::{ConnSegment, ControlSegment, ReplicaSegment};
 use crate::status::Status;
 use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
 use crate::wire::header::HEADER_LEN;
@@ -70,7 +71,7 @@ pub(super) fn handshake(
         &[segment.segment().fd()],
     )
     .map_err(hs)?;
-    let (bytes, mut fds) = recv_frame(&socket, 1).map_err(hs)?;
+    let (bytes, fds) = recv_frame(&socket, 2).map_err(hs)?;
     let (conn_index, tag, token, server_domain) = match Frame::decode(&bytes) {
         Some(Frame::Welcome {
             version,
@@ -91,10 +92,13 @@ pub(super) fn handshake(
             )))
         }
     };
-    let fd = fds
-        .pop()
-        .ok_or_else(|| Status::unavailable("the server sent no replica segment"))?;
-    let replica = ReplicaSegment::attach(fd)?;
+    let [replica, control]: [_; 2] = fds.try_into().map_err(|_| {
+        Status::unavailable(format!(
+            "service `{service}` sent no replica and control segments"
+        ))
+    })?;
+    let control = std::sync::Arc::new(ControlSegment::attach(control)?);
+    let replica = ReplicaSegment::attach(replica, control)?;
     socket.set_read_timeout(None).map_err(io)?;
     socket.set_write_timeout(None).map_err(io)?;
 

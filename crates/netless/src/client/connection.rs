@@ -86,6 +86,7 @@ impl Connection {
                 h.tag,
                 h.replica.partition_for(h.conn_index),
                 g.block_size as usize,
+                g.quota_blocks,
             ),
             consumer: SpinLock::new(h.consumer),
             server_max_message: g.max_message as usize,
@@ -105,6 +106,12 @@ impl Connection {
             token: h.token,
             socket: h.socket,
         }
+    }
+
+    /// Our connection segment (test-only access, for fault injection).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn conn_segment(&self) -> &ConnSegment {
+        &self.segment
     }
 
     /// Our doorbell, where the server notifies us.

@@ -380,6 +380,10 @@ impl Connection {
     pub(crate) fn conn_identity(&self) -> (u32, u64) {
         (self.conn_index, self.token)
     }
+    /// Our block tag, and the quota the lease keeps to.
+    pub(crate) fn lease_identity(&self) -> (u32, u32) {
+        self.lease.identity()
+    }
     pub(crate) fn claim_for_fault(&self, count: u32) -> Option<u32> {
         self.lease
             .claim(self.replica.table(), self.replica.shared_head(), count)

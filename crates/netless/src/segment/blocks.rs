@@ -14,6 +14,11 @@
 //! busy blocks to the next free run (NEBULA's scrub when the head meets the tail), wrapping
 //! once. The head lives in shared memory and any client writes it, so it is only a hint,
 //! clamped into this connection's partition before use. Nothing here reads message contents.
+//!
+//! A connection holds at most its quota of blocks (the server closes one that keeps more):
+//! the lease keeps an upper bound of what it holds (what it held when it last counted its
+//! words, plus what it claimed since: the server frees blocks without telling it) and counts
+//! its words again only when a claim would take that bound past the quota.
 
 use super::layout::block_state::{owned, FREE};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -40,11 +45,21 @@ pub(crate) struct BlockLease {
     spare_backoff: AtomicU32,
     /// Allocation head for a partition no other connection shares the head of.
     own_head: AtomicU32,
+    /// Most blocks this connection may hold at once.
+    quota: u32,
+    /// An upper bound of the blocks it holds (see the module docs).
+    held: AtomicU32,
 }
 
 impl BlockLease {
-    /// A lease over blocks `partition` of the table, for the connection tagged `tag`.
-    pub(crate) fn new(tag: u32, partition: std::ops::Range<u32>, block_size: usize) -> BlockLease {
+    /// A lease over blocks `partition` of the table, for the connection tagged `tag`, which
+    /// may hold `quota` of them at once.
+    pub(crate) fn new(
+        tag: u32,
+        partition: std::ops::Range<u32>,
+        block_size: usize,
+        quota: u32,
+    ) -> BlockLease {
         let len = partition.end.saturating_sub(partition.start);
         BlockLease {
             tag,
@@ -55,6 +70,8 @@ impl BlockLease {
             spare: AtomicU64::new(0),
             spare_backoff: AtomicU32::new(0),
             own_head: AtomicU32::new(partition.start),
+            quota,
+            held: AtomicU32::new(0),
         }
     }
 
@@ -76,6 +93,9 @@ impl BlockLease {
                 .is_ok()
         {
             return Some((spare >> 32) as u32);
+        }
+        if !self.within_quota(table, count) {
+            return None;
         }
         let hot = self.hot.load(Ordering::Relaxed);
         if hot as u32 == count {
@@ -101,7 +121,40 @@ impl BlockLease {
         shared_head: Option<&AtomicU32>,
         count: u32,
     ) -> Option<u32> {
+        if !self.within_quota(table, count) {
+            return None;
+        }
         self.scan(table, shared_head.unwrap_or(&self.own_head), count)
+    }
+
+    /// Whether taking `count` more blocks keeps this connection within its quota; if so,
+    /// they are counted as held.
+    #[inline(always)]
+    fn within_quota(&self, table: &[AtomicU32], count: u32) -> bool {
+        let held = self.held.fetch_add(count, Ordering::Relaxed);
+        if u64::from(held) + u64::from(count) <= u64::from(self.quota) {
+            return true;
+        }
+        self.recount(table, count)
+    }
+
+    /// Counts the words we hold, for a claim of `count` blocks the upper bound put past the
+    /// quota; whether the claim stays within it.
+    #[cold]
+    fn recount(&self, table: &[AtomicU32], count: u32) -> bool {
+        let mine = owned(self.tag);
+        let held = table
+            .get(self.first as usize..(self.first + self.len) as usize)
+            .map_or(0, |words| {
+                words
+                    .iter()
+                    .filter(|w| w.load(Ordering::Relaxed) == mine)
+                    .count() as u32
+            });
+        let fits = u64::from(held) + u64::from(count) <= u64::from(self.quota);
+        self.held
+            .store(if fits { held + count } else { held }, Ordering::Relaxed);
+        fits
     }
 
     /// Claims a run like the last one ahead of need, so the next `claim` of that size is free
@@ -175,6 +228,12 @@ impl BlockLease {
                         .iter()
                         .all(|w| w.load(Ordering::Acquire) == owned(self.tag))
                 })
+    }
+
+    /// Our tag and quota.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn identity(&self) -> (u32, u32) {
+        (self.tag, self.quota)
     }
 
     /// Blocks in this connection's partition.
@@ -261,7 +320,12 @@ impl BlockLease {
                 .is_err()
             {
                 for j in 0..k {
-                    table[(start + j) as usize].store(FREE, Ordering::Release);
+                    let _ = table[(start + j) as usize].compare_exchange(
+                        owned(self.tag),
+                        FREE,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    );
                 }
                 return false;
             }
@@ -282,7 +346,7 @@ mod tests {
     fn claim_reuses_the_hot_run_once_freed() {
         let t = table(16);
         let head = AtomicU32::new(0);
-        let lease = BlockLease::new(5, 0..16, 64);
+        let lease = BlockLease::new(5, 0..16, 64, u32::MAX);
         let a = lease.claim(&t, Some(&head), 1).unwrap();
         assert_eq!(t[a as usize].load(Ordering::Relaxed), owned(5));
         // Still OWNED: a second claim takes a new block.
@@ -308,7 +372,7 @@ mod tests {
             w.store(owned(9), Ordering::Relaxed);
         }
         let head = AtomicU32::new(3);
-        let lease = BlockLease::new(5, 0..8, 64);
+        let lease = BlockLease::new(5, 0..8, 64, u32::MAX);
         assert_eq!(lease.claim(&t, Some(&head), 3), Some(5));
         assert_eq!(head.load(Ordering::Relaxed), 0);
         assert_eq!(lease.claim(&t, Some(&head), 2), Some(0));
@@ -320,7 +384,7 @@ mod tests {
     fn partitions_are_respected_and_a_wild_head_is_clamped() {
         let t = table(12);
         let head = AtomicU32::new(u32::MAX);
-        let lease = BlockLease::new(5, 4..8, 64);
+        let lease = BlockLease::new(5, 4..8, 64, u32::MAX);
         let mut got = Vec::new();
         while let Some(b) = lease.claim(&t, Some(&head), 1) {
             got.push(b);
@@ -336,7 +400,7 @@ mod tests {
     #[test]
     fn holds_only_runs_wholly_ours_inside_the_partition() {
         let t = table(16);
-        let lease = BlockLease::new(5, 4..12, 64);
+        let lease = BlockLease::new(5, 4..12, 64, u32::MAX);
         let head = AtomicU32::new(4);
         let r = lease.claim(&t, Some(&head), 3).unwrap();
         assert!(lease.holds(&t, r, 3));
@@ -352,7 +416,7 @@ mod tests {
     fn spares_only_where_the_partition_is_roomy() {
         let t = table(64);
         let head = AtomicU32::new(0);
-        let lease = BlockLease::new(5, 0..64, 64);
+        let lease = BlockLease::new(5, 0..64, 64, u32::MAX);
         let a = lease.claim(&t, Some(&head), 2).unwrap();
         // 2 blocks × 8 × 8 sharers > 64: no spare.
         assert_eq!(lease.prepare_spare(&t, Some(&head), 8), None);
@@ -361,5 +425,28 @@ mod tests {
         assert_ne!(s, a);
         assert_eq!(lease.claim(&t, Some(&head), 2), Some(s));
         lease.release_all(&t);
+    }
+
+    #[test]
+    fn a_lease_holds_no_more_than_its_quota() {
+        let t = table(64);
+        let head = AtomicU32::new(0);
+        let lease = BlockLease::new(5, 0..64, 64, 10);
+        let a = lease.claim(&t, Some(&head), 4).unwrap();
+        let _b = lease.claim(&t, Some(&head), 4).unwrap();
+        // 8 held: 4 more would pass the quota of 10, and the count confirms it.
+        assert_eq!(lease.claim(&t, Some(&head), 4), None);
+        assert_eq!(lease.claim_fresh(&t, Some(&head), 4), None);
+        assert_eq!(lease.claim(&t, Some(&head), 2).map(|_| ()), Some(()));
+        // The server frees a run: the next claim that needs the room counts again.
+        for w in &t[a as usize..a as usize + 4] {
+            w.store(FREE, Ordering::Relaxed);
+        }
+        assert!(lease.claim(&t, Some(&head), 4).is_some());
+        let held = t
+            .iter()
+            .filter(|w| w.load(Ordering::Relaxed) == owned(5))
+            .count();
+        assert_eq!(held, 10);
     }
 }

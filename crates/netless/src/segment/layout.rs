@@ -1,22 +1,23 @@
-//! The layouts of the two segments of a connection: the replica segment a server creates
-//! (geometry, control lines, queue lines, worker stats, block table, blocks) and the
-//! connection segment a client creates (geometry, doorbell, response ring).
+//! The layouts of a connection's segments: the replica segment a server creates for each
+//! trust group (geometry, client control line, queue lines, block table, blocks), the
+//! server's control segment (registers, worker stats: see `control.rs`, which lays it out)
+//! and the connection segment a client creates (geometry, doorbell, response ring).
 //!
-//! This is the only module that declares these structs; `replica.rs` and `conn.rs` are the
-//! only ones that turn raw pointers into them. Every struct here is plain integers or atomics
+//! This module declares the structs; `replica.rs`, `control.rs` and `conn.rs` are the only
+//! ones that turn raw pointers into them. Every struct here is plain integers or atomics
 //! (`#[repr(C)]`, any bit pattern is a valid value), read from shared memory as one snapshot
 //! and validated before use; nothing here trusts a peer.
 //!
-//! Replica segment (created by the server, passed to each client at connect):
+//! Replica segment (created by the server for one trust group, passed to each client of the
+//! group at connect):
 //!
 //! ```text
 //! 0        ReplicaHeader    geometry, written once by the server before any client attaches
-//! 128      ServerControl    written by the server: SLO depth limit, connection count
+//! 128      (reserved)
 //! 192      ClientControl    written by clients: the allocation head, NACK count
 //! c_off    queue lines      per queue, two lines: its workers' doorbell (sleep counter +
 //!                           futex word) and its consumer position as the server publishes it
 //! q_off    ReceiveQueues    nqueues MPSC queues of u32 block indexes (netless-ring), q_stride apart
-//! w_off    WorkerStats      one per worker, written only by that worker: counters, histograms
 //! t_off    block table      one AtomicU32 per 64-byte slot (block): FREE or OWNED(tag)
 //! s_off    blocks           nblocks × block_size bytes, nparts partitions of part_blocks;
 //!                           a request occupies a run of blocks inside its partition
@@ -32,7 +33,7 @@
 use crate::sync::{AtomicU32, AtomicU64};
 
 /// Version of every layout in this file; checked at attach.
-pub(crate) const LAYOUT_VERSION: u32 = 2;
+pub(crate) const LAYOUT_VERSION: u32 = 3;
 /// Magic at the start of a replica segment.
 pub(crate) const REPLICA_MAGIC: u64 = u64::from_le_bytes(*b"NLREPLIC");
 /// Magic at the start of a connection segment.
@@ -67,13 +68,10 @@ pub(crate) struct ReplicaHeader {
     pub(crate) queue_stride: u64,
     /// Where the per-queue lines start (two lines per queue: doorbell, published head).
     pub(crate) qctl_offset: u64,
-    /// Where the workers' [`WorkerStats`] start.
-    pub(crate) stats_offset: u64,
-    /// Number of [`WorkerStats`] (one per worker).
-    pub(crate) stats_count: u32,
-    /// Bytes from one [`WorkerStats`] to the next.
-    pub(crate) stats_stride: u32,
-    pub(crate) reserved: [u64; 2],
+    /// Most blocks one connection may hold at once (`1..=part_blocks`).
+    pub(crate) quota_blocks: u32,
+    pub(crate) pad: u32,
+    pub(crate) reserved: [u64; 3],
 }
 const _: () = assert!(std::mem::size_of::<ReplicaHeader>() == 128);
 
@@ -87,8 +85,6 @@ pub(crate) mod provisioning {
     pub(crate) const PER_CONNECTION: u32 = 2;
 }
 
-/// Offset of the server-written control line.
-pub(crate) const SERVER_CONTROL_OFFSET: usize = 128;
 /// Offset of the client-written control line.
 pub(crate) const CLIENT_CONTROL_OFFSET: usize = 192;
 /// First byte after the fixed lines.
@@ -96,9 +92,10 @@ pub(crate) const FIXED_END: usize = 256;
 /// Bytes of per-queue lines per queue.
 pub(crate) const QUEUE_LINES: usize = 128;
 
-/// Written by the server, read by clients and tools: the replica's soft registers (set with
-/// `netless ctl`, they take effect while it runs) and a few live values. All are hints a
-/// client may act on, never trust for memory safety.
+/// Written by the server, read by clients and tools (in the control segment, which clients
+/// map read-only): the replica's soft registers (set with `netless ctl`, they take effect
+/// while it runs) and a few live values. All are hints a client may act on, never trust for
+/// memory safety.
 #[repr(C, align(64))]
 pub(crate) struct ServerControl {
     /// Most queued requests a new one may join (its SLO); 0: no limit.
@@ -147,9 +144,9 @@ pub(crate) const BATCH_BUCKETS: usize = 9;
 /// Buckets of [`WorkerStats::latency`]: log-linear, 4 per power of two of nanoseconds.
 pub(crate) const LATENCY_BUCKETS: usize = 160;
 
-/// One worker's counters, in shared memory so `netless stat` reads them live. Written only by
-/// that worker, with plain (load + store) updates, so counting costs no locked instruction;
-/// readers never write.
+/// One worker's counters, in the control segment so `netless stat` reads them live. Written
+/// only by that worker, with plain (load + store) updates, so counting costs no locked
+/// instruction; readers (who map them read-only) never write.
 #[repr(C, align(64))]
 pub(crate) struct WorkerStats {
     /// Requests answered.
@@ -216,7 +213,8 @@ pub(crate) struct QueueHead {
     pub(crate) position: AtomicU64,
 }
 
-/// Written by clients (any of them: the server treats every value as untrusted).
+/// Written by the clients of one trust group (any of them: the server treats every value as
+/// untrusted).
 #[repr(C, align(64))]
 pub(crate) struct ClientControl {
     /// Where the next search for a free run starts (NEBULA's head pointer), per buffer.

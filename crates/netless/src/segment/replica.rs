@@ -1,5 +1,5 @@
-//! A replica segment, mapped and validated: the server's receive queues, control lines,
-//! worker stats, block table and blocks.
+//! A replica segment, mapped and validated: one trust group's receive queues, control lines,
+//! block table and blocks, with the server's read-only control segment beside it.
 //!
 //! Creating writes the geometry; attaching reads it once from the peer's memory, validates
 //! every offset and size against the segment's real length, and from then on only the
@@ -9,14 +9,15 @@
 
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use netless_ring::{DoorbellWords, ReceiveQueue};
 use netless_shm::Segment;
 
+use super::control::ControlSegment;
 use super::layout::{
     atomic_u32_slice, provisioning, ClientControl, QueueHead, ReplicaHeader, ServerControl,
     WorkerStats, CLIENT_CONTROL_OFFSET, FIXED_END, LAYOUT_VERSION, QUEUE_LINES, REPLICA_MAGIC,
-    SERVER_CONTROL_OFFSET,
 };
 use super::run::BlockRun;
 use crate::status::Status;
@@ -39,8 +40,8 @@ pub(crate) struct ReplicaSpec {
     pub(crate) nparts: u32,
     pub(crate) part_blocks: u32,
     pub(crate) nqueues: u32,
-    /// Workers: one [`WorkerStats`] each.
-    pub(crate) workers: u32,
+    /// Most blocks one connection may hold at once.
+    pub(crate) quota_blocks: u32,
     pub(crate) max_message: u32,
     pub(crate) max_connections: u32,
 }
@@ -87,15 +88,16 @@ impl QueueView {
     }
 }
 
-/// A mapped replica segment.
+/// A mapped replica segment, and the server's control segment.
 pub(crate) struct ReplicaSegment {
     geometry: ReplicaHeader,
     queues: Box<[QueueView]>,
+    /// In `control`'s mapping, which the `Arc` keeps.
     server_control: &'static ServerControl,
     client_control: &'static ClientControl,
-    stats: &'static [WorkerStats],
     table: &'static [AtomicU32],
     blocks: NonNull<u8>,
+    control: Arc<ControlSegment>,
     // Declared last: the views above borrow its mapping, which must outlive them.
     segment: Segment,
 }
@@ -107,8 +109,12 @@ unsafe impl Send for ReplicaSegment {}
 unsafe impl Sync for ReplicaSegment {}
 
 impl ReplicaSegment {
-    /// Creates and lays out a replica segment (server side).
-    pub(crate) fn create(service: &str, spec: ReplicaSpec) -> Result<ReplicaSegment, Status> {
+    /// Creates and lays out a replica segment (server side), beside the server's `control`.
+    pub(crate) fn create(
+        service: &str,
+        spec: ReplicaSpec,
+        control: Arc<ControlSegment>,
+    ) -> Result<ReplicaSegment, Status> {
         // `run` relies on blocks of at least a full header.
         if !spec.block_size.is_power_of_two() || !(64..=65536).contains(&spec.block_size) {
             return Err(Status::invalid_argument(
@@ -125,9 +131,7 @@ impl ReplicaSegment {
         let qctl_offset = FIXED_END;
         let queue_offset = align64(qctl_offset + spec.nqueues as usize * QUEUE_LINES);
         let queue_stride = align64(ReceiveQueue::bytes_needed(queue_capacity));
-        let stats_offset = queue_offset + spec.nqueues as usize * queue_stride;
-        let stats_stride = std::mem::size_of::<WorkerStats>();
-        let table_offset = stats_offset + spec.workers as usize * stats_stride;
+        let table_offset = queue_offset + spec.nqueues as usize * queue_stride;
         let blocks_offset = (table_offset + nblocks as usize * 4)
             .next_multiple_of(spec.block_size.clamp(64, 4096) as usize);
         let total_len = blocks_offset + nblocks as usize * spec.block_size as usize;
@@ -154,10 +158,9 @@ impl ReplicaSegment {
             nqueues: spec.nqueues,
             queue_stride: queue_stride as u64,
             qctl_offset: qctl_offset as u64,
-            stats_offset: stats_offset as u64,
-            stats_count: spec.workers,
-            stats_stride: stats_stride as u32,
-            reserved: [0; 2],
+            quota_blocks: spec.quota_blocks.clamp(1, spec.part_blocks),
+            pad: 0,
+            reserved: [0; 3],
         };
         let segment =
             Segment::create(&format!("netless-replica-{service}"), total_len).map_err(|e| {
@@ -181,11 +184,39 @@ impl ReplicaSegment {
             queues.push(queue);
         }
         // SAFETY: geometry was computed above, so the views lie within the segment.
-        unsafe { Self::assemble(segment, geometry, queues) }
+        unsafe { Self::assemble(segment, geometry, queues, control) }
     }
 
-    /// Maps a replica segment received from a server and validates its geometry (client side).
-    pub(crate) fn attach(fd: OwnedFd) -> Result<ReplicaSegment, Status> {
+    /// Writes the segment's geometry and its queues' headers back from the server's private
+    /// copy (server side, before a client attaches): a faulty member of the group may have
+    /// overwritten them, and the next client would refuse the segment.
+    pub(crate) fn restore_headers(&self) {
+        let base = self.segment.as_ptr();
+        let g = self.geometry;
+        // SAFETY: the header's 128 bytes lie at the start of the mapping; written as one
+        // volatile store of plain integers, as a peer's bytes there may be anything.
+        unsafe { std::ptr::write_volatile(base as *mut ReplicaHeader, g) };
+        for q in 0..g.nqueues as usize {
+            // SAFETY: queue q's region lies inside the mapping, 64-byte aligned (computed at
+            // create), accessed only as the queue layout's atomics.
+            let _ = unsafe {
+                ReceiveQueue::restore_header(
+                    NonNull::new_unchecked(
+                        base.add(g.queue_offset as usize + q * g.queue_stride as usize),
+                    ),
+                    g.queue_stride as usize,
+                    g.queue_capacity,
+                )
+            };
+        }
+    }
+
+    /// Maps a replica segment received from a server and validates its geometry, beside the
+    /// server's (read-only) `control` segment (client side).
+    pub(crate) fn attach(
+        fd: OwnedFd,
+        control: Arc<ControlSegment>,
+    ) -> Result<ReplicaSegment, Status> {
         let segment = Segment::attach(fd, MAX_REPLICA_LEN)
             .map_err(|e| Status::unavailable(format!("cannot map the server's segment: {e}")))?;
         let bad = |what: &str| {
@@ -218,8 +249,7 @@ impl ReplicaSegment {
             || g.part_blocks == 0
             || g.nparts.checked_mul(g.part_blocks) != Some(g.nblocks)
             || !(1..=MAX_QUEUES).contains(&g.nqueues)
-            || !(1..=MAX_QUEUES).contains(&g.stats_count)
-            || g.stats_stride as usize != std::mem::size_of::<WorkerStats>()
+            || !(1..=g.part_blocks).contains(&g.quota_blocks)
         {
             return bad("counts");
         }
@@ -234,9 +264,6 @@ impl ReplicaSegment {
         let qctl_end = g
             .qctl_offset
             .checked_add(u64::from(g.nqueues) * QUEUE_LINES as u64);
-        let stats_end = g
-            .stats_offset
-            .checked_add(u64::from(g.stats_count) * u64::from(g.stats_stride));
         let t_end = g.table_offset.checked_add(u64::from(g.nblocks) * 4);
         let b_end = g
             .blocks_offset
@@ -249,9 +276,7 @@ impl ReplicaSegment {
             && g.table_offset.is_multiple_of(64)
             && g.blocks_offset.is_multiple_of(64)
             && qctl_end.is_some_and(|e| e <= g.queue_offset)
-            && g.stats_offset.is_multiple_of(64)
-            && queues_end.is_some_and(|e| e <= g.stats_offset)
-            && stats_end.is_some_and(|e| e <= g.table_offset)
+            && queues_end.is_some_and(|e| e <= g.table_offset)
             && t_end.is_some_and(|e| e <= g.blocks_offset)
             && b_end.is_some_and(|e| e <= len);
         if !ordered {
@@ -277,7 +302,7 @@ impl ReplicaSegment {
             queues.push(queue);
         }
         // SAFETY: every region was bounds-checked against the mapping above.
-        unsafe { Self::assemble(segment, g, queues) }
+        unsafe { Self::assemble(segment, g, queues, control) }
     }
 
     /// # Safety
@@ -286,6 +311,7 @@ impl ReplicaSegment {
         segment: Segment,
         geometry: ReplicaHeader,
         queues: Vec<ReceiveQueue<'static>>,
+        control: Arc<ControlSegment>,
     ) -> Result<ReplicaSegment, Status> {
         let base = segment.as_ptr();
         let qctl = geometry.qctl_offset as usize;
@@ -309,22 +335,12 @@ impl ReplicaSegment {
                 }
             })
             .collect();
-        // SAFETY: both control lines lie below FIXED_END <= qctl_offset, 64-byte aligned;
-        // they hold atomics only.
-        let (server_control, client_control) = unsafe {
-            (
-                &*(base.add(SERVER_CONTROL_OFFSET) as *const ServerControl),
-                &*(base.add(CLIENT_CONTROL_OFFSET) as *const ClientControl),
-            )
-        };
-        // SAFETY: the stats region holds stats_count WorkerStats (64-byte aligned, stride equal
-        // to their size) inside the mapping (caller's contract); they are atomics only.
-        let stats = unsafe {
-            std::slice::from_raw_parts(
-                base.add(geometry.stats_offset as usize) as *const WorkerStats,
-                geometry.stats_count as usize,
-            )
-        };
+        // SAFETY: the client control line lies below FIXED_END <= qctl_offset, 64-byte
+        // aligned; it holds atomics only.
+        let client_control = unsafe { &*(base.add(CLIENT_CONTROL_OFFSET) as *const ClientControl) };
+        // SAFETY: the line lives in `control`'s mapping, which the `Arc` stored beside this
+        // reference keeps for as long as the segment lives.
+        let server_control = unsafe { &*(control.server_control() as *const ServerControl) };
         // SAFETY: the table region holds nblocks u32s inside the mapping (caller's contract).
         let table = unsafe {
             atomic_u32_slice(
@@ -339,9 +355,9 @@ impl ReplicaSegment {
             queues,
             server_control,
             client_control,
-            stats,
             table,
             blocks,
+            control,
             segment,
         })
     }
@@ -370,9 +386,9 @@ impl ReplicaSegment {
     pub(crate) fn table(&self) -> &[AtomicU32] {
         self.table
     }
-    /// The workers' counters.
+    /// The workers' counters (in the control segment).
     pub(crate) fn stats(&self) -> &[WorkerStats] {
-        self.stats
+        self.control.stats()
     }
     /// The blocks a connection may allocate from: its partition's range.
     pub(crate) fn partition_for(&self, conn_index: u32) -> std::ops::Range<u32> {
@@ -401,6 +417,12 @@ impl ReplicaSegment {
 
     pub(crate) fn segment(&self) -> &Segment {
         &self.segment
+    }
+
+    /// The control segment's fd as a client received it (tests of its seals).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn control_fd_for_fault(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.control.received_fd()
     }
     /// Bytes per block.
     pub(crate) fn block_size(&self) -> usize {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::audit::Audit;
 use super::conn::Conn;
 use super::handshake::Handshakes;
 use super::state::ServerState;
@@ -45,6 +46,7 @@ pub(super) struct Acceptor {
     /// Bumped per accepted socket: the generation in a connection's tag.
     generation: u32,
     handshakes: Handshakes,
+    audit: Audit,
 }
 
 impl Acceptor {
@@ -61,6 +63,7 @@ impl Acceptor {
             dying: Vec::new(),
             generation: 0,
             handshakes: Handshakes::new()?,
+            audit: Audit::new(),
         })
     }
 
@@ -77,13 +80,14 @@ impl Acceptor {
             for c in &conns {
                 fds.push(PollFd::new(&c.socket, PollFlags::IN));
             }
+            let wait = if self.dying.is_empty() {
+                self.audit.due_in().max(Duration::from_millis(1))
+            } else {
+                Duration::from_millis(5)
+            };
             let timeout = rustix::time::Timespec {
                 tv_sec: 0,
-                tv_nsec: if self.dying.is_empty() {
-                    200_000_000
-                } else {
-                    5_000_000
-                },
+                tv_nsec: wait.as_nanos().min(999_999_999) as i64,
             };
             match poll(&mut fds, Some(&timeout)) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -119,6 +123,8 @@ impl Acceptor {
             self.repair_tails();
             let server = &self.server;
             self.dying.retain(|d| !try_reclaim(server, d));
+            let dying: Vec<u32> = self.dying.iter().map(|d| d.conn.tag).collect();
+            self.audit.run(server, &dying);
             self.server.update_depth_limit();
         }
         // Handshakes in progress end now; what they admitted closes with the rest.
@@ -136,14 +142,18 @@ impl Acceptor {
     /// could enqueue, and the head would never pass a dead connection's last entry).
     fn repair_tails(&self) {
         let server = &self.server;
-        for (q, view) in server.replica.queues().iter().enumerate() {
-            if let Some(tail) = view.queue().repair_tail(&server.heads[q]) {
-                server.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    "netless: service `{}`: receive queue {q}'s tail was thrown outside a lap \
-                     of its head (a faulty client); put back at {tail}",
-                    server.service
-                );
+        for group in server.groups.iter() {
+            for (q, view) in group.replica.queues().iter().enumerate() {
+                if let Some(tail) = view.queue().repair_tail(&group.heads[q]) {
+                    server.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "netless: service `{}`: receive queue {q} of uid {}'s clients had its \
+                         tail thrown outside a lap of its head (a faulty client); put back \
+                         at {tail}",
+                        server.service,
+                        group.uid
+                    );
+                }
             }
         }
     }
@@ -174,16 +184,18 @@ impl Acceptor {
         // the head (a producer that has not bumped it yet) means nothing is left to drain.
         self.repair_tails();
         let server = &self.server;
-        let q = conn.index as usize % server.heads.len();
-        let head = server.heads[q].position();
-        let queue = server.replica.queues()[q].queue();
-        let lap = u64::from(queue.capacity());
-        let ahead = queue.tail_hint().wrapping_sub(head) as i64;
-        let tail_at_death = if ahead <= 0 {
-            head
-        } else {
-            head + (ahead as u64).min(lap)
-        };
+        // (A connection always has its group; without one nothing of it can be queued.)
+        let tail_at_death = server.group(&conn).map_or(0, |group| {
+            let (view, head) = group.queue(conn.index as usize % group.heads.len());
+            let (head, queue) = (head.position(), view.queue());
+            let lap = u64::from(queue.capacity());
+            let ahead = queue.tail_hint().wrapping_sub(head) as i64;
+            if ahead <= 0 {
+                head
+            } else {
+                head + (ahead as u64).min(lap)
+            }
+        });
         self.dying.push(Dying {
             tail_at_death,
             since: Instant::now(),
@@ -195,8 +207,10 @@ impl Acceptor {
 /// Frees a retired connection's blocks once no worker can be touching its requests; whether
 /// it did (and the connection's slot is free again).
 fn try_reclaim(server: &ServerState, d: &Dying) -> bool {
-    let q = d.conn.index as usize % server.heads.len();
-    let drained = server.heads[q].position().wrapping_sub(d.tail_at_death) as i64 >= 0;
+    let drained = server.group(&d.conn).is_none_or(|group| {
+        let head = &group.heads[d.conn.index as usize % group.heads.len()];
+        head.position().wrapping_sub(d.tail_at_death) as i64 >= 0
+    });
     // Pairs with the workers' Release stores of the head: what they did before moving it
     // (marking themselves BUSY) is visible to the checks below.
     std::sync::atomic::fence(Ordering::Acquire);
@@ -210,7 +224,7 @@ fn try_reclaim(server: &ServerState, d: &Dying) -> bool {
         return false;
     }
     let owned = block_state::owned(d.conn.tag);
-    for word in server.words_of(d.conn.index) {
+    for word in server.words_of(&d.conn) {
         let _ = word.compare_exchange(
             owned,
             block_state::FREE,

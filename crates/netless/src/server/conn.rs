@@ -32,6 +32,10 @@ pub(super) const MAX_PARTIALS: usize = 16;
 /// One admitted client.
 pub(super) struct Conn {
     pub(super) index: u32,
+    /// Its trust group: the replica segment its requests come through.
+    pub(super) group: u32,
+    /// Its client's uid (`SO_PEERCRED`).
+    pub(super) uid: u32,
     /// Its index plus a generation (never 0): the block-table words its blocks carry.
     pub(super) tag: u32,
     /// The secret its requests carry, so a stray or forged entry cannot pass for it.
@@ -58,6 +62,8 @@ pub(super) struct Conn {
 /// What the handshake settled for a new connection.
 pub(super) struct Admitted {
     pub(super) index: u32,
+    pub(super) group: u32,
+    pub(super) uid: u32,
     pub(super) tag: u32,
     pub(super) token: u64,
     pub(super) segment: ConnSegment,
@@ -107,6 +113,8 @@ impl Conn {
     pub(super) fn new(a: Admitted) -> Conn {
         Conn {
             index: a.index,
+            group: a.group,
+            uid: a.uid,
             tag: a.tag,
             token: a.token,
             next_record: AtomicUsize::new(a.producer.next_record_ptr() as usize),

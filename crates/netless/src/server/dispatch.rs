@@ -112,7 +112,7 @@ impl WorkerContext<'_> {
             .then(|| method.strip_prefix(crate::control::PREFIX))
             .flatten()
         {
-            server.control_call(op, payload, &mut builder)
+            server.control_call(conn.uid, op, payload, &mut builder)
         } else if let Some(waited) = refused {
             server.shed.fetch_add(1, Ordering::Relaxed);
             Err(Status::nack(format!(

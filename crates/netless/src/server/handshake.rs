@@ -4,8 +4,10 @@
 //!
 //! `SO_PEERCRED` is checked against the ACL before anything is read or any fd is passed;
 //! then `Greeting` out, `Hello` with the client's connection segment in, a slot in the
-//! connection table, and `Welcome` with the replica segment out (`wire::handshake`). The
-//! acceptor starts at most [`MAX_HANDSHAKES`] at once and refuses the rest at once.
+//! connection table, and `Welcome` out with the replica segment of the client's trust group
+//! (its uid's, made now if it is the first) and the read-only control segment
+//! (`wire::handshake`). The acceptor starts at most [`MAX_HANDSHAKES`] at once and refuses
+//! the rest at once.
 
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -155,8 +157,8 @@ fn admit(
     let _ = socket.set_nonblocking(false);
     // The ACL is checked before anything is read or any fd is passed.
     let acl = &server.config.acl;
-    let peer_pid = match peer_cred(socket) {
-        Ok(cred) if acl.allows(&cred) => cred.pid.max(0) as u32,
+    let (peer_pid, uid) = match peer_cred(socket) {
+        Ok(cred) if acl.allows(&cred) => (cred.pid.max(0) as u32, cred.uid),
         Ok(cred) => {
             let status = Status::new(
                 Code::PermissionDenied,
@@ -218,7 +220,6 @@ fn admit(
         // must agree.
         let _admitting = lock(&server.admitting);
         let limit = server
-            .replica
             .server_control()
             .max_connections
             .load(Ordering::Relaxed);
@@ -236,8 +237,15 @@ fn admit(
             ));
             return refuse(socket, status, deadline);
         };
+        // Clients of another uid never share a writable segment with this one.
+        let group = match server.group_of(uid) {
+            Ok(group) => group,
+            Err(status) => return refuse(socket, status, deadline),
+        };
         let conn = Arc::new(Conn::new(Admitted {
             index,
+            group: group.index,
+            uid,
             tag: conn_tag(index, generation),
             token: random_token(),
             segment,
@@ -268,8 +276,16 @@ fn admit(
         token: conn.token,
         domain: server.domain_id(),
     };
-    let replica = [server.replica.segment().fd()];
-    if send_frame_by(&conn.socket, &welcome.encode(), &replica, deadline).is_err() {
+    let sent = match (server.group(&conn), server.control.fd()) {
+        (Some(group), Some(control)) => {
+            // Put back what a faulty member of the group may have overwritten.
+            group.replica.restore_headers();
+            let fds = [group.replica.segment().fd(), control];
+            send_frame_by(&conn.socket, &welcome.encode(), &fds, deadline).is_ok()
+        }
+        _ => false,
+    };
+    if !sent {
         server.conns.remove(conn.index);
         server.count_connection(-1);
         let _ = conn.socket.shutdown(std::net::Shutdown::Both);

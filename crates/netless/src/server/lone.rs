@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
+use super::group::Group;
 use super::serve::{free_blocks, leased_run};
-use super::state::ServerState;
 use super::worker::Worker;
 use crate::segment::layout::{bump, latency_bucket};
 use crate::sync::Ordering;
@@ -24,9 +24,9 @@ const LONE_RUN: u32 = 64;
 /// payload by reference). The rest of its checks come later; `None` sends it the general
 /// way.
 #[inline(always)]
-pub(super) fn lone_header(server: &ServerState, block: u32) -> Option<ShortHeader> {
+pub(super) fn lone_header(group: &Group, block: u32) -> Option<ShortHeader> {
     const LONE_FLAGS: u16 = (wire_flags::KEEP_BLOCKS | wire_flags::BATCH_COMPACT) as u16;
-    let h = server.replica.run(block, 1)?.short_header();
+    let h = group.replica.run(block, 1)?.short_header();
     (h.kind == kind::REQUEST_SHORT && h.flags & !LONE_FLAGS == 0).then_some(h)
 }
 
@@ -46,15 +46,18 @@ impl Worker<'_> {
         take: &dyn Fn() -> Option<u32>,
         poll: &dyn Fn() -> bool,
     ) -> (Option<u32>, u32) {
-        let server = self.cx.server;
+        let (server, group) = (self.cx.server, self.cx.group);
         let Some(conn) = self.conns.lookup(&server.conns, first.conn_index) else {
             return (Some(block), 0);
         };
+        if conn.group != group.index {
+            return (Some(block), 0);
+        }
         let Some(slot_tag) = server.conns.tag_word(conn.index) else {
             return (Some(block), 0);
         };
         let stats = self.cx.stats;
-        let block_size = server.replica.block_size();
+        let block_size = group.replica.block_size();
         self.cx.refused = None;
         self.cx.with_builder(conn, |request, builder, cx| {
             let (mut block, mut h, mut count) = (block, first, 0u32);
@@ -64,7 +67,8 @@ impl Worker<'_> {
                 if h.token != conn.token || conn.is_dead() {
                     break Some(block);
                 }
-                let Ok((run, words)) = leased_run(server, conn, block, u32::from(h.nblocks)) else {
+                let Ok((run, words)) = leased_run(server, group, conn, block, u32::from(h.nblocks))
+                else {
                     break Some(block);
                 };
                 // nblocks >= 1 (a run is never empty) and a block holds the header.
@@ -99,7 +103,7 @@ impl Worker<'_> {
                 let sent = cx.finish_call(conn, h.call_id, h.body_len, result, builder, false);
                 // Only now, as in `dispatch`: the reply may have borrowed the blocks.
                 if h.flags & wire_flags::KEEP_BLOCKS as u16 == 0 {
-                    free_blocks(words);
+                    free_blocks(words, conn.tag);
                 }
                 conn.prefetch_next_reply(builder.body().len());
                 if let Some(t) = started {
@@ -119,7 +123,7 @@ impl Worker<'_> {
                 }
                 let Some(next) = take() else { break None };
                 block = next;
-                match lone_header(server, block) {
+                match lone_header(group, block) {
                     Some(next)
                         if next.conn_index == conn.index
                             && slot_tag.load(Ordering::Acquire) == conn.tag =>

@@ -1,13 +1,15 @@
 //! The server: binds a service's socket and serves it with a handler on worker threads that
-//! pull requests from the replica's one shared receive queue (single-queue dispatch; with
-//! `Dispatch::Partitioned`, each worker from a queue of its own).
+//! pull requests from each trust group's one shared receive queue (single-queue dispatch;
+//! with `Dispatch::Partitioned`, each worker from a queue of its own in every group).
 //!
 //! - [`handler`]: what a service implements ([`Handler`]) and sees ([`Request`],
 //!   [`ResponseBuilder`]);
 //! - `accept`: the acceptor thread: accepting, hang-ups and the reclaiming of a dead
-//!   client's blocks; `handshake`: admitting one client (`SO_PEERCRED` against the ACL, the
+//!   client's blocks; `audit`: its rounds over the block tables (orphaned blocks, quotas);
+//!   `handshake`: admitting one client (`SO_PEERCRED` against the ACL, the
 //!   frames), on a thread of its own with one deadline;
-//! - `conn`: the server's side of a connection and the connection table;
+//! - `conn`: the server's side of a connection and the connection table; `group`: the trust
+//!   groups (a replica segment per client uid);
 //! - `worker`: a worker thread's loop over the queue, `lone`: its runs of lone requests;
 //! - `serve`: validating a queue entry's run and serving the request, fragment or batch in
 //!   it; `dispatch`: one request to the handler;
@@ -29,19 +31,19 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use netless_ring::ConsumerHead;
-
 use crate::config::{replica_socket, resolve_socket, Provisioning, ServerConfig};
 use crate::segment::layout::provisioning;
-use crate::segment::{ReplicaSegment, ReplicaSpec};
+use crate::segment::{ControlSegment, ReplicaSpec};
 use crate::status::{Code, Status};
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 mod accept;
+mod audit;
 mod backlog;
 mod conn;
 mod deferred;
 mod dispatch;
+mod group;
 pub(crate) mod handler;
 mod handshake;
 mod lone;
@@ -140,42 +142,64 @@ impl Server {
             let _ = std::fs::remove_file(&socket_path);
         }
         let part_blocks = (config.partition_bytes() / config.block_size as usize) as u32;
-        let replica = ReplicaSegment::create(
-            service,
-            ReplicaSpec {
-                block_size: config.block_size,
-                provisioning: match config.provisioning {
-                    Provisioning::Shared => provisioning::SHARED,
-                    Provisioning::PerWorker => provisioning::PER_WORKER,
-                    Provisioning::PerConnection => provisioning::PER_CONNECTION,
-                },
-                nparts: config.partitions(),
-                part_blocks,
-                nqueues: config.queues(),
-                workers: config.workers as u32,
-                max_message: config.max_message as u32,
-                max_connections: config.max_connections,
+        let spec = ReplicaSpec {
+            block_size: config.block_size,
+            provisioning: match config.provisioning {
+                Provisioning::Shared => provisioning::SHARED,
+                Provisioning::PerWorker => provisioning::PER_WORKER,
+                Provisioning::PerConnection => provisioning::PER_CONNECTION,
             },
-        )?;
+            nparts: config.partitions(),
+            part_blocks,
+            nqueues: config.queues(),
+            quota_blocks: match config.provisioning {
+                // A partition of its own: all of it.
+                Provisioning::PerConnection => part_blocks,
+                // Shared: a connection may not take every block from the others.
+                _ => part_blocks - part_blocks / 4,
+            },
+            max_message: config.max_message as u32,
+            max_connections: config.max_connections,
+        };
+        let control = Arc::new(ControlSegment::create(service, config.workers as u32)?);
+        let owner_uid = rustix::process::geteuid().as_raw();
+        // The owner's group first; other uids' when their first client arrives.
+        let first = group::Group::create(service, 0, owner_uid, spec, control.clone())?;
         if let Some(limit) = config.depth_limit(None) {
-            replica
+            control
                 .server_control()
                 .depth_limit
                 .store(limit, Ordering::Relaxed);
         }
-        crate::control::init(replica.server_control(), &config);
+        crate::control::init(control.server_control(), &config);
         let listener = UnixListener::bind(&socket_path).map_err(|e| {
             Status::unavailable(format!("cannot bind {}: {e}", socket_path.display()))
         })?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Status::internal(format!("listener: {e}")))?;
+        // An ACL that admits other users needs a socket they can connect to; the ACL, checked
+        // on every connection, is what keeps everyone else out.
+        let me = rustix::process::geteuid().as_raw();
+        if config.acl.uids().iter().any(|&u| u != me) || !config.acl.gids().is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o666))
+                .map_err(|e| {
+                    Status::unavailable(format!(
+                        "cannot open {} to the other users the ACL admits: {e}",
+                        socket_path.display()
+                    ))
+                })?;
+        }
         let state = Arc::new_cyclic(|this| ServerState {
             this: this.clone(),
             deferring: AtomicBool::new(false),
             service: service.to_string(),
             socket_path,
-            heads: (0..config.queues()).map(|_| ConsumerHead::new()).collect(),
+            control,
+            groups: group::Groups::new(first),
+            spec,
+            owner_uid,
             conns: ConnTable::new(config.max_connections),
             admitting: std::sync::Mutex::new(()),
             backlogs: backlog::Backlogs::new(),
@@ -187,7 +211,6 @@ impl Server {
             shed: AtomicU64::new(0),
             #[cfg(feature = "fault-injection")]
             corrupt_responses: crate::sync::AtomicU32::new(0),
-            replica,
             config,
         });
         let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
@@ -275,8 +298,10 @@ impl Server {
             return;
         }
         let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
-        for q in self.state.replica.queues() {
-            netless_ring::notify_all(q.doorbell());
+        for group in self.state.groups.iter() {
+            for q in group.replica.queues() {
+                netless_ring::notify_all(q.doorbell());
+            }
         }
         for t in self.threads.drain(..) {
             let _ = t.join();

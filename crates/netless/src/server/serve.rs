@@ -10,6 +10,7 @@ use std::sync::Arc;
 use netless_ring::prefetch::prefetch_read_range;
 
 use super::conn::{Conn, Reassembly, MAX_PARTIALS};
+use super::group::Group;
 use super::notify::NotifySection;
 use super::state::ServerState;
 use super::worker::WorkerContext;
@@ -23,16 +24,18 @@ use crate::wire::header::{
 };
 use crate::wire::metadata::Metadata;
 
-/// The run of `nblocks` blocks at `block` and their block-table words, if the run lies in
-/// the buffer (and in `conn`'s partition) and every block of it is leased to `conn`.
+/// The run of `nblocks` blocks at `block` of `group`'s buffer and their block-table words,
+/// if the run lies in the buffer (and in `conn`'s partition) and every block of it is leased
+/// to `conn`.
 #[inline(always)]
 pub(super) fn leased_run<'s>(
-    server: &'s ServerState,
+    server: &ServerState,
+    group: &'s Group,
     conn: &Conn,
     block: u32,
     nblocks: u32,
 ) -> Result<(BlockRun<'s>, &'s [AtomicU32]), &'static str> {
-    let replica = &server.replica;
+    let replica = &group.replica;
     let run = replica
         .run(block, nblocks)
         .ok_or("block run outside the buffer")?;
@@ -51,15 +54,21 @@ pub(super) fn leased_run<'s>(
     Ok((run, words))
 }
 
-/// Gives a request's blocks back to their client: a plain Release store each, not a CAS.
-/// The words were validated as OWNED by this connection, only their owner may change them
-/// meanwhile (an honest one does not), and a store does not stall the worker until the line
-/// is back from the client's core. The store is ordered before the response (TSO and
-/// Release), so the client sees its blocks FREE by the time it sees the reply.
+/// Gives a request's blocks back to their client: OWNED by `tag` → FREE, by CAS, so a word
+/// that changed since it was validated (a faulty member of the group freed it, and someone
+/// claimed it again) is left to its new owner. The Release orders the request's reads, and
+/// the response before it, ahead of the free: the client sees its blocks FREE by the time
+/// it sees the reply.
 #[inline(always)]
-pub(super) fn free_blocks(words: &[AtomicU32]) {
+pub(super) fn free_blocks(words: &[AtomicU32], tag: u32) {
+    let owned = block_state::owned(tag);
     for w in words {
-        w.store(block_state::FREE, Ordering::Release);
+        let _ = w.compare_exchange(
+            owned,
+            block_state::FREE,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -104,7 +113,7 @@ impl<'s> WorkerContext<'s> {
         if h.kind != kind::REQUEST {
             return Err("queue entry is not a request");
         }
-        let (run, words) = leased_run(server, conn, block, h.nblocks)?;
+        let (run, words) = leased_run(server, self.group, conn, block, h.nblocks)?;
         // nblocks >= 1 (a run is never empty) and a block holds either header.
         h.validate_shape(server.config.max_message, run.len() - header_len)?;
         let fragment = run
@@ -115,7 +124,7 @@ impl<'s> WorkerContext<'s> {
         let keep = h.reserved[0] & wire_flags::KEEP_BLOCKS != 0 && h.frag_len == h.body_len;
         let release = || {
             if !keep {
-                free_blocks(words);
+                free_blocks(words, conn.tag);
             }
         };
         if h.reserved[0] & wire_flags::BATCH_MORE != 0 {
@@ -272,5 +281,23 @@ impl<'s> WorkerContext<'s> {
                 Err(why) => break Err(why),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freeing_leaves_a_word_someone_else_claimed_since() {
+        let (mine, theirs) = (block_state::owned(7), block_state::owned(9));
+        let words: Vec<AtomicU32> = [mine, theirs, mine]
+            .into_iter()
+            .map(AtomicU32::new)
+            .collect();
+        // The middle word was freed behind our back and claimed by another connection.
+        free_blocks(&words, 7);
+        let after: Vec<u32> = words.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        assert_eq!(after, [block_state::FREE, theirs, block_state::FREE]);
     }
 }

@@ -1,23 +1,23 @@
-//! What every thread of a server shares: the [`ServerState`] of one replica (its segment,
-//! configuration, handler, connection table and workers' slots) and the answers it gives
-//! about itself (counters, the mean service time, the queue-depth limit it publishes).
+//! What every thread of a server shares: the [`ServerState`] of one replica (its control
+//! segment and trust groups, configuration, handler, connection table and workers' slots)
+//! and the answers it gives about itself (counters, the mean service time, the queue-depth
+//! limit it publishes).
 //!
 //! The threads own their own state ([`Acceptor`](super::accept::Acceptor),
 //! [`Worker`](super::worker::Worker)); this holds only what they must all see.
 
 use std::path::PathBuf;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use netless_ring::ConsumerHead;
-
 use super::conn::{Conn, ConnTable};
+use super::group::{Group, Groups};
 use super::handler::{Handler, ResponseBuilder};
 use super::worker::WorkerSlot;
 use super::ServerStats;
 use crate::config::{Provisioning, ServerConfig};
-use crate::segment::layout::{block_state, latency_bucket_floor, provisioning};
-use crate::segment::ReplicaSegment;
+use crate::segment::layout::{block_state, latency_bucket_floor, provisioning, ServerControl};
+use crate::segment::{ControlSegment, ReplicaSpec};
 use crate::slo::Slo;
 use crate::status::Status;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -34,9 +34,14 @@ pub(super) struct ServerState {
     pub(super) service: String,
     pub(super) socket_path: PathBuf,
     pub(super) config: ServerConfig,
-    pub(super) replica: ReplicaSegment,
-    /// Consumer position of each receive queue.
-    pub(super) heads: Box<[ConsumerHead]>,
+    /// Registers and worker stats, read-only to clients.
+    pub(super) control: Arc<ControlSegment>,
+    /// The replica segments, one per trust group.
+    pub(super) groups: Groups,
+    /// The shape of each group's replica segment.
+    pub(super) spec: ReplicaSpec,
+    /// The server's own uid: its group comes first, and only it (or root) sets registers.
+    pub(super) owner_uid: u32,
     pub(super) conns: ConnTable,
     /// Held while a handshake takes a slot of the table (the count, the vacant slot and the
     /// install must agree).
@@ -69,11 +74,29 @@ impl ServerState {
         self.config.domain.as_ref().map_or(0, |d| d.id())
     }
 
+    /// The registers and live values clients read.
+    #[inline(always)]
+    pub(super) fn server_control(&self) -> &ServerControl {
+        self.control.server_control()
+    }
+
+    /// The trust group of `uid`, made now if it has none (the caller holds `admitting`).
+    pub(super) fn group_of(&self, uid: u32) -> Result<&Group, Status> {
+        self.groups.of_uid(uid, |index| {
+            Group::create(&self.service, index, uid, self.spec, self.control.clone())
+        })
+    }
+
+    /// The group a connection belongs to.
+    #[inline(always)]
+    pub(super) fn group(&self, conn: &Conn) -> Option<&Group> {
+        self.groups.get(conn.group as usize)
+    }
+
     /// Adds `delta` to the live connection count, here and in the shared control block.
     pub(super) fn count_connection(&self, delta: i32) {
         let n = self.conns.count(delta);
-        self.replica
-            .server_control()
+        self.server_control()
             .connections
             .store(n, Ordering::Relaxed);
     }
@@ -97,8 +120,7 @@ impl ServerState {
         }
         if let Some(mean) = self.measured_service() {
             if let Some(limit) = self.config.depth_limit(Some(mean)) {
-                self.replica
-                    .server_control()
+                self.server_control()
                     .depth_limit
                     .store(limit, Ordering::Relaxed);
             }
@@ -129,29 +151,39 @@ impl ServerState {
         if let Some(s) = self.measured_service() {
             return Some(s);
         }
-        let stats = crate::control::snapshot(&self.replica);
-        let n: u64 = stats.latency.iter().sum();
+        let latency = crate::control::latency_histogram(self.control.stats());
+        let n = latency.iter().fold(0u64, |a, c| a.saturating_add(*c));
         (n >= 64).then(|| {
-            let sum: u64 = stats
-                .latency
+            let sum = latency
                 .iter()
                 .enumerate()
                 .map(|(b, c)| c.saturating_mul(latency_bucket_floor(b)))
-                .sum();
+                .fold(0u64, u64::saturating_add);
             Duration::from_nanos(sum / n)
         })
     }
 
-    /// Answers the runtime's own `netless.ctl/` methods (soft registers).
+    /// Answers the runtime's own `netless.ctl/` methods (soft registers) for a client of
+    /// `uid`: anyone admitted may read them, only the server's own uid (or root) set them.
     pub(super) fn control_call(
         &self,
+        uid: u32,
         op: &str,
         payload: &[u8],
         builder: &mut ResponseBuilder<'_>,
     ) -> Result<(), Status> {
-        let ctrl = self.replica.server_control();
+        let ctrl = self.server_control();
         let answer = match op {
             "Get" => crate::control::get(ctrl),
+            "Set" if uid != self.owner_uid && uid != 0 => {
+                return Err(Status::new(
+                    crate::status::Code::PermissionDenied,
+                    format!(
+                        "only the uid that runs service `{}` (or root) may set its registers",
+                        self.service
+                    ),
+                ))
+            }
             "Set" => crate::control::set(ctrl, &self.config, payload, self.service_time())?,
             _ => {
                 return Err(Status::unimplemented(format!(
@@ -190,20 +222,20 @@ impl ServerState {
     }
 
     /// Bytes of receive buffer provisioned for the current connections (see
-    /// [`ServerStats::receive_buffer_bytes`]).
+    /// [`ServerStats::receive_buffer_bytes`]): each trust group's.
     pub(super) fn receive_buffer_bytes(&self) -> u64 {
-        let g = self.replica.geometry();
-        let part = u64::from(g.part_blocks) * u64::from(g.block_size);
-        match g.provisioning {
+        let spec = &self.spec;
+        let part = u64::from(spec.part_blocks) * u64::from(spec.block_size);
+        match spec.provisioning {
             provisioning::PER_CONNECTION => part * u64::from(self.conns.live()),
-            _ => part * u64::from(g.nparts),
+            _ => part * u64::from(spec.nparts) * self.groups.count() as u64,
         }
     }
 
     /// A snapshot of the counters.
     pub(super) fn stats(&self) -> ServerStats {
-        let table = self.replica.table();
-        let workers = self.replica.stats();
+        let workers = self.control.stats();
+        let words = || self.groups.iter().flat_map(|g| g.replica.table());
         ServerStats {
             connections: self.conns.live(),
             requests: workers
@@ -216,31 +248,34 @@ impl ServerState {
                 .sum(),
             dropped: self.dropped.load(Ordering::Relaxed),
             protocol_violations: self.violations.load(Ordering::Relaxed),
-            free_blocks: table
-                .iter()
+            free_blocks: words()
                 .filter(|w| w.load(Ordering::Relaxed) == block_state::FREE)
                 .count() as u32,
-            total_blocks: table.len() as u32,
+            total_blocks: words().count() as u32,
             receive_buffer_bytes: self.receive_buffer_bytes(),
-            nacks: self.replica.client_control().nacks.load(Ordering::Relaxed),
+            nacks: self
+                .groups
+                .iter()
+                .map(|g| g.replica.client_control().nacks.load(Ordering::Relaxed))
+                .fold(0, u64::wrapping_add),
             shed: self.shed.load(Ordering::Relaxed),
-            depth_limit: self
-                .replica
-                .server_control()
-                .depth_limit
-                .load(Ordering::Relaxed),
+            depth_limit: self.server_control().depth_limit.load(Ordering::Relaxed),
             measured_service: self.measured_service(),
         }
     }
 
-    /// The block-table words connection `index` may have claimed: its partition (a faulty
-    /// client's writes elsewhere are caught by the tag check of whoever reads those words).
-    pub(super) fn words_of(&self, index: u32) -> &[AtomicU32] {
-        let table = self.replica.table();
+    /// The block-table words `conn` may have claimed: its partition of its group's buffer (a
+    /// faulty client's writes elsewhere are caught by the tag check of whoever reads those
+    /// words).
+    pub(super) fn words_of<'s>(&'s self, conn: &Conn) -> &'s [AtomicU32] {
+        let Some(group) = self.group(conn) else {
+            return &[];
+        };
+        let table = group.replica.table();
         match self.config.provisioning {
             Provisioning::Shared => table,
             _ => {
-                let part = self.replica.partition_for(index);
+                let part = group.replica.partition_for(conn.index);
                 &table[part.start as usize..part.end as usize]
             }
         }

@@ -1,23 +1,27 @@
-//! A worker thread: takes entries from the replica's receive queue (single-queue dispatch, or
-//! its own queue when partitioned), sleeps on the queue's doorbell (and its handler's wake
-//! sources) when it runs dry, and hands each entry to its [`WorkerContext`] to serve.
+//! A worker thread: takes entries from each trust group's receive queue (single-queue
+//! dispatch, or its own queue when partitioned), taking turns between groups, sleeps on the
+//! queues' doorbells (and its handler's wake sources) when they run dry, and hands each entry
+//! to its [`WorkerContext`] to serve.
 //!
 //! A [`Worker`] owns everything one thread needs (its context, its cache of the connection
 //! table), so nothing is passed from call to call; its [`WorkerSlot`] is the one part other
 //! threads read (the acceptor, before it frees a dead connection's blocks).
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netless_ring::prefetch::{prefetch_read, prefetch_read_range};
-use netless_ring::Dequeue;
+use netless_ring::{ConsumerHead, Dequeue};
 
 use super::conn::{Conn, ConnCache};
+use super::group::Group;
 use super::notify::NotifySection;
 use super::reply::Outbox;
 use super::state::ServerState;
 use crate::config::Dispatch;
 use crate::segment::layout::{batch_bucket, bump, latency_bucket, WorkerStats};
+use crate::segment::replica::QueueView;
 use crate::segment::WakeSource;
 use crate::slo::admission::ShedGate;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -49,6 +53,8 @@ pub(super) struct WorkerSlot {
 /// buffers, the SLO gate and the replies it has yet to send.
 pub(super) struct WorkerContext<'a> {
     pub(super) server: &'a ServerState,
+    /// The trust group whose queue entry is being served.
+    pub(super) group: &'a Group,
     pub(super) slot: &'a WorkerSlot,
     pub(super) stats: &'a WorkerStats,
     /// Reused by each call's `ResponseBuilder`, so a steady stream of calls allocates nothing.
@@ -107,6 +113,14 @@ impl PerEntry {
     }
 }
 
+/// One receive queue a worker takes entries from: queue `q` of a trust group.
+#[derive(Clone, Copy)]
+struct Lane<'a> {
+    group: &'a Group,
+    view: &'a QueueView,
+    head: &'a ConsumerHead,
+}
+
 /// One worker thread's state.
 pub(super) struct Worker<'a> {
     pub(super) cx: WorkerContext<'a>,
@@ -124,10 +138,14 @@ pub(super) fn run(server: Arc<ServerState>, index: usize) {
             tracing::warn!("cannot pin worker {index} to cpu {cpu}: {e}");
         }
     }
-    let stats = &server.replica.stats()[index];
+    let stats = &server.control.stats()[index];
+    let Some(first) = server.groups.get(0) else {
+        return;
+    };
     let mut worker = Worker {
         cx: WorkerContext {
             server: &server,
+            group: first,
             slot: &server.workers[index],
             stats,
             metadata: Metadata::new(),
@@ -143,25 +161,43 @@ pub(super) fn run(server: Arc<ServerState>, index: usize) {
         conns: ConnCache::new(&server.conns),
         index,
     };
-    worker.serve_queue();
+    worker.serve_queues();
 }
 
-impl Worker<'_> {
-    /// The worker's loop: take an entry, serve it, poll the handler; sleep when the queue
-    /// runs dry.
-    fn serve_queue(&mut self) {
+impl<'a> Worker<'a> {
+    /// Serves every trust group's queue until the server stops, starting over whenever a
+    /// group is added.
+    fn serve_queues(&mut self) {
+        let server = self.cx.server;
+        // Partitioned dispatch: worker w alone drains queue w; otherwise all share queue 0.
+        let q = self.index % server.spec.nqueues as usize;
+        while !server.is_stopping() {
+            let lanes: Vec<Lane<'a>> = server
+                .groups
+                .iter()
+                .map(|group| {
+                    let (view, head) = group.queue(q);
+                    Lane { group, view, head }
+                })
+                .collect();
+            self.serve_lanes(&lanes);
+        }
+    }
+
+    /// The worker's loop: take an entry, serve it, poll the handler; sleep when the queues
+    /// run dry. Returns when the server stops or gains a trust group.
+    fn serve_lanes(&mut self, lanes: &[Lane<'a>]) {
         let server = self.cx.server;
         let worker = self.index;
-        // Partitioned dispatch: worker w alone drains queue w; otherwise all share queue 0.
-        let q = worker % server.heads.len();
-        let view = &server.replica.queues()[q];
-        let (queue, head) = (view.queue(), &server.heads[q]);
+        // The lane served last: its queue is tried first, and it holds the second entry.
+        let cur = Cell::new(0usize);
+        let nlanes = lanes.len();
         let me = self.cx.slot;
-        let single = server.workers.len() / server.heads.len() == 1;
+        let single = server.workers.len() / server.spec.nqueues as usize == 1;
         let jbsq2 = server.config.dispatch == Dispatch::Jbsq2;
         let measure = server.config.slo.is_some_and(|s| s.mean_service.is_none());
         let stats = self.cx.stats;
-        let control = server.replica.server_control();
+        let control = server.server_control();
         let mut sleeps = 0u64;
         let mut per_entry = PerEntry::default();
         let mut polls = 0u32;
@@ -176,7 +212,9 @@ impl Worker<'_> {
                 netless_ring::WAIT_ANY_MAX - 1
             );
         }
-        let doorbells: Vec<&netless_ring::DoorbellWords> = std::iter::once(view.doorbell())
+        let doorbells: Vec<&netless_ring::DoorbellWords> = lanes
+            .iter()
+            .map(|lane| lane.view.doorbell())
             .chain(sources.iter().map(WakeSource::doorbell))
             .collect();
         let handler_polls = server.handler.polls();
@@ -192,8 +230,11 @@ impl Worker<'_> {
         };
         // Jbsq2: a second entry taken (and its payload prefetched) while serving the first.
         let mut next: Option<u32> = None;
-        // Takes the next entry, if any; `hold` marks the worker so reclamation waits for it.
-        let take = |full_check: bool, hold: bool| -> Option<Option<u32>> {
+        // Takes the next entry of lane `i`, if any; `hold` marks the worker so reclamation
+        // waits for it.
+        let take_from = |i: usize, full_check: bool, hold: bool| -> Option<u32> {
+            let Lane { group, view, head } = lanes[i];
+            let queue = view.queue();
             // Before the entry is taken: say so (reclamation waits for BUSY workers), and
             // start fetching the request while the claim waits for the cell.
             let on_full = |block: u32| {
@@ -202,13 +243,13 @@ impl Worker<'_> {
                 } else {
                     me.serving.store(BUSY, Ordering::Relaxed);
                 }
-                if let Some(first) = server.replica.run(block, 1) {
+                if let Some(first) = group.replica.run(block, 1) {
                     prefetch_read_range(first.as_ptr(), 2 * 64, 2);
                 }
                 // For reading only: the worker validates it, and its store of FREE (if the
                 // client does not keep the run) waits in the store buffer, stalling nothing;
                 // taking the line exclusive would rob a client checking its kept runs.
-                if let Some(word) = server.replica.table().get(block as usize) {
+                if let Some(word) = group.replica.table().get(block as usize) {
                     prefetch_read((word as *const AtomicU32).cast());
                 }
             };
@@ -233,7 +274,7 @@ impl Worker<'_> {
                     view.head()
                         .position
                         .store(head.position(), Ordering::Relaxed);
-                    Some(Some(block))
+                    Some(block)
                 }
                 Dequeue::Skipped => {
                     publish();
@@ -251,6 +292,21 @@ impl Worker<'_> {
                 }
             }
         };
+        // Takes the next entry of any lane, the current one's first.
+        let take = |full_check: bool| -> Option<u32> {
+            let start = cur.get();
+            if let Some(block) = take_from(start, full_check, false) {
+                return Some(block);
+            }
+            for k in 1..nlanes {
+                let i = (start + k) % nlanes;
+                if let Some(block) = take_from(i, full_check, false) {
+                    cur.set(i);
+                    return Some(block);
+                }
+            }
+            None
+        };
         while !server.is_stopping() {
             let block = match next.take() {
                 Some(block) => {
@@ -260,7 +316,7 @@ impl Worker<'_> {
                 }
                 // While entries keep coming, the next one is taken straight away: the wait
                 // (its soft registers and bookkeeping) is for a queue that ran dry.
-                None if busy && let Some(Some(block)) = take(false, false) => Some(block),
+                None if busy && let Some(block) = take(false) => Some(block),
                 None => {
                     // The soft registers, read on every wait: `netless ctl` changes apply at
                     // once.
@@ -275,13 +331,13 @@ impl Worker<'_> {
                         &mut sleeps,
                         || {
                             polls = polls.wrapping_add(1);
-                            if server.is_stopping() {
+                            if server.is_stopping() || server.groups.count() != nlanes {
                                 return Some(None);
                             }
                             // Most polls read only the next cell; every 256th also checks
                             // for holes, which reads the tail clients write. (In futex mode
                             // a worker polls once per wake-up, so it checks every time.)
-                            let taken = take(futex_only || polls.is_multiple_of(256), false);
+                            let taken = take(futex_only || polls.is_multiple_of(256)).map(Some);
                             // Replies waiting for a slow client's ring, while there is time.
                             server.backlogs.drain(server);
                             // The handler's own work counts as something done: no sleep.
@@ -298,14 +354,23 @@ impl Worker<'_> {
                 }
             };
             busy = block.is_some();
-            let Some(mut block) = block else { continue };
+            let Some(mut block) = block else {
+                if server.groups.count() != nlanes {
+                    break;
+                }
+                continue;
+            };
+            let lane = &lanes[cur.get()];
+            self.cx.group = lane.group;
+            let (queue, head) = (lane.view.queue(), lane.head);
             let lone = if lone_runs {
-                super::lone::lone_header(server, block)
+                super::lone::lone_header(lane.group, block)
             } else {
                 None
             };
             if let Some(first) = lone {
-                let take_next = || take(false, false).flatten();
+                // Only this lane's entries: the run serves one connection.
+                let take_next = || take_from(cur.get(), false, false);
                 let (rest, n) = self.serve_lone_run(block, first, &take_next, &handler_poll);
                 if n != 0 {
                     bump(&stats.batch[batch_bucket(1)], u64::from(n));
@@ -321,11 +386,12 @@ impl Worker<'_> {
                 }
             }
             if jbsq2 {
-                next = take(true, true).flatten();
+                // From the same lane: it is served next, as this lane's.
+                next = take_from(cur.get(), true, true);
                 if let Some(b) = next {
                     // The second request's payload, while the first runs.
-                    if let Some(run) = server.replica.run(b, 1) {
-                        let block_size = server.replica.block_size();
+                    if let Some(run) = lane.group.replica.run(b, 1) {
+                        let block_size = lane.group.replica.block_size();
                         prefetch_read_range(run.as_ptr(), block_size.max(256), 4);
                     }
                 }
@@ -360,6 +426,13 @@ impl Worker<'_> {
             // backlogged replies.
             handler_poll();
             server.backlogs.drain(server);
+            if nlanes > 1 && next.is_none() {
+                // Groups take turns.
+                cur.set((cur.get() + 1) % nlanes);
+            }
+            if served.is_multiple_of(64) && server.groups.count() != nlanes {
+                break;
+            }
         }
         if next.is_some() {
             me.held.store(IDLE, Ordering::Release);
@@ -369,8 +442,8 @@ impl Worker<'_> {
     /// Validates and serves the request whose run starts at `block`. `behind`: whether
     /// other entries wait behind this one (read only if it is late).
     fn serve(&mut self, block: u32, behind: &dyn Fn() -> bool) {
-        let server = self.cx.server;
-        let Some(first) = server.replica.run(block, 1) else {
+        let (server, group) = (self.cx.server, self.cx.group);
+        let Some(first) = group.replica.run(block, 1) else {
             server.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
@@ -387,7 +460,7 @@ impl Worker<'_> {
         };
         // From here until the worker goes IDLE, the connection's blocks are not reclaimed.
         self.cx.slot.serving.store(conn.tag, Ordering::Relaxed);
-        if h.token != conn.token || conn.is_dead() {
+        if h.token != conn.token || conn.is_dead() || conn.group != group.index {
             server.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -405,9 +478,7 @@ impl WorkerContext<'_> {
     fn waited_too_long(&mut self, stamp: u32) -> Option<u32> {
         let server = self.server;
         self.shed
-            .waited_too_long(server.replica.server_control(), stamp, || {
-                server.service_time()
-            })
+            .waited_too_long(server.server_control(), stamp, || server.service_time())
     }
 
     /// Marks this worker as serving `conn` (its blocks are not reclaimed meanwhile).

@@ -5,7 +5,8 @@
 //! (so no fd crosses in either direction before the ACL check, and a refused client reads
 //! the reason instead of a reset).
 //! Client → server: `Hello` with the client's connection segment (its response ring).
-//! Server → client: `Welcome` with the replica segment, or `Reject` with a status.
+//! Server → client: `Welcome` with two fds, the replica segment of the client's trust group
+//! and the server's control segment (read-only), or `Reject` with a status.
 //! Afterwards the socket stays open and silent: its hang-up is each side's death notice; the
 //! server may send one `Goodbye` (a status saying why) before it closes a connection.
 //! Decoding refuses anything malformed; it never panics.
@@ -25,8 +26,9 @@ const GREETING: u8 = 5;
 /// (`compact_flags::SAME_METHOD`), which protocol 6 servers would read as an empty name.
 /// 8: compact request and reply headers are 8 bytes (a 32-bit call id), on 8-byte
 /// boundaries. 9: a run may start with a 32-byte `ShortHeader` (`kind::REQUEST_SHORT`),
-/// which protocol 8 servers would refuse as an unknown kind.
-pub(crate) const PROTOCOL_VERSION: u32 = 9;
+/// which protocol 8 servers would refuse as an unknown kind. 10: `Welcome` carries a
+/// replica segment per trust group and a read-only control segment.
+pub(crate) const PROTOCOL_VERSION: u32 = 10;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -115,7 +115,15 @@ pub(crate) fn test_handler<'a>(
 
 /// Spawns this test binary running only `test_name`, in `role`.
 pub(crate) fn spawn_role(test_name: &str, role: &str, dir: &Path, service: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
+    role_command(test_name, role, dir, service)
+        .spawn()
+        .expect("spawn child test process")
+}
+
+/// The command [`spawn_role`] runs, to add to (another uid, more environment).
+pub(crate) fn role_command(test_name: &str, role: &str, dir: &Path, service: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args([
             "--exact",
             test_name,
@@ -128,9 +136,8 @@ pub(crate) fn spawn_role(test_name: &str, role: &str, dir: &Path, service: &str)
         .env(SERVICE, service)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child test process")
+        .stderr(Stdio::inherit());
+    command
 }
 
 /// Reads the child's stdout until a line equal to `marker` (the test harness prints its own
