@@ -104,7 +104,14 @@ pub struct ServerConfig {
     /// The page-pool domain this server belongs to. Clients of the same domain may send
     /// large payloads as Refs (pass by reference); the handler sees the bytes either way.
     pub domain: Option<netless_pool::Domain>,
+    /// Largest response ring a client may bring (its `ClientConfig::ring_bytes`): the server
+    /// maps it and its writes fill its pages, so a client cannot make it pay for more.
+    /// Replies larger than a ring travel in fragments, so this bounds no message size.
+    pub max_client_ring: usize,
 }
+
+/// Default [`ServerConfig::max_client_ring`]: 16 MiB.
+pub const DEFAULT_MAX_CLIENT_RING: usize = 16 << 20;
 
 impl Default for ServerConfig {
     fn default() -> ServerConfig {
@@ -124,6 +131,7 @@ impl Default for ServerConfig {
             pin_cpus: Vec::new(),
             response_stall_limit: Duration::from_secs(2),
             domain: None,
+            max_client_ring: DEFAULT_MAX_CLIENT_RING,
         }
     }
 }
@@ -133,6 +141,12 @@ impl ServerConfig {
         let bad = |m: String| Err(Status::invalid_argument(m));
         if self.workers == 0 || self.workers > 1024 {
             return bad(format!("workers must be 1..=1024, got {}", self.workers));
+        }
+        if !(4096..=1 << 30).contains(&self.max_client_ring) {
+            return bad(format!(
+                "max_client_ring must be 4096..=1 GiB, got {}",
+                self.max_client_ring
+            ));
         }
         if !self.block_size.is_power_of_two() || !(64..=65536).contains(&self.block_size) {
             return bad(format!(

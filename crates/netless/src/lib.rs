@@ -54,8 +54,8 @@ pub(crate) use netless_shm::sync;
 pub use client::{CallOptions, Client, Replicas, Reply};
 pub use config::{
     replica_of, ClientConfig, Dispatch, Provisioning, RetryPolicy, ServerConfig,
-    DEFAULT_BUFFER_BYTES, DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_MESSAGE,
-    DEFAULT_REF_THRESHOLD,
+    DEFAULT_BUFFER_BYTES, DEFAULT_CONNECTION_BUFFER_BYTES, DEFAULT_MAX_CLIENT_RING,
+    DEFAULT_MAX_MESSAGE, DEFAULT_REF_THRESHOLD,
 };
 pub use control::ReplicaStats;
 pub use netless_pool;

@@ -23,8 +23,12 @@ fn hostile_peer_entry() {
     let server = Server::bind(&service, server_config(&dir), test_handler).unwrap();
     println!("READY");
     std::io::stdout().flush().unwrap();
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
+    // Each line on stdin: start a frame on every connection and never finish it.
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+        server.fault_partial_frame();
+        line.clear();
+    }
     drop(server);
 }
 
@@ -311,4 +315,43 @@ fn blocks_marked_with_a_tag_nobody_owns_are_freed() {
     assert!(blocks_back(&honest, 64, Duration::from_secs(2)).is_some());
     // The writer is anonymous: nothing to close, and it is served like anyone.
     assert!(call_until_served(&hostile, Duration::from_secs(1)).is_some());
+}
+
+#[test]
+fn a_server_that_stops_halfway_through_a_frame_holds_up_no_drop() {
+    let dir = TestDir::new("halfframe");
+    let service = "hostile.HalfFrame";
+    let mut server = ServerProcess::start(&dir, service);
+    let client = Client::connect_with(service, client_config(dir.path())).unwrap();
+    assert!(call_until_served(&client, Duration::from_secs(5)).is_some());
+    // The server starts a frame (the client's monitor reads it) and goes silent.
+    let stdin = server.child.stdin.as_mut().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    stdin.flush().unwrap();
+    thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    drop(client);
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(500), "dropping the client took {took:?}");
+}
+
+#[test]
+fn a_response_ring_larger_than_the_server_maps_is_refused() {
+    let dir = TestDir::new("bigring");
+    let service = "hostile.BigRing";
+    let _server = ServerProcess::start(&dir, service);
+    let config = netless::ClientConfig {
+        ring_bytes: 64 << 20,
+        ..client_config(dir.path())
+    };
+    let err = Client::connect_with(service, config).unwrap_err();
+    assert_eq!(err.code(), netless::Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("max_client_ring"), "{err}");
+    // One the server takes is served.
+    let config = netless::ClientConfig {
+        ring_bytes: netless::DEFAULT_MAX_CLIENT_RING,
+        ..client_config(dir.path())
+    };
+    let client = Client::connect_with(service, config).unwrap();
+    assert!(call_until_served(&client, Duration::from_secs(5)).is_some());
 }

@@ -6,7 +6,7 @@
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use netless_shm::{recv_frame, send_frame};
+use netless_shm::{recv_frame_by, send_frame};
 
 use super::connection::Handshaken;
 use crate::config::ClientConfig;
@@ -14,6 +14,9 @@ use crate::segment::{ConnSegment, ControlSegment, ReplicaSegment};
 use crate::status::Status;
 use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
 use crate::wire::header::HEADER_LEN;
+
+/// Longest handshake frame read from a server (a `Reject` carries a status message).
+const MAX_HANDSHAKE_FRAME: usize = 64 * 1024;
 
 /// Connects to the server listening at `path` (a replica's socket in `dir`) as `service`.
 pub(super) fn handshake(
@@ -50,7 +53,9 @@ pub(super) fn handshake(
     };
     // The server speaks first: a greeting once our credentials passed its ACL, or the
     // reason it refuses us. Only then does our segment's fd cross.
-    let (bytes, _) = recv_frame(&socket, 0).map_err(hs)?;
+    // One deadline for the whole handshake, however the server paces its bytes.
+    let deadline = std::time::Instant::now() + config.connect_timeout;
+    let (bytes, _) = recv_frame_by(&socket, 0, MAX_HANDSHAKE_FRAME, deadline).map_err(hs)?;
     match Frame::decode(&bytes) {
         Some(Frame::Greeting { .. }) => {}
         Some(Frame::Reject(status)) => return Err(status),
@@ -71,7 +76,7 @@ pub(super) fn handshake(
         &[segment.segment().fd()],
     )
     .map_err(hs)?;
-    let (bytes, fds) = recv_frame(&socket, 2).map_err(hs)?;
+    let (bytes, fds) = recv_frame_by(&socket, 2, MAX_HANDSHAKE_FRAME, deadline).map_err(hs)?;
     let (conn_index, tag, token, server_domain) = match Frame::decode(&bytes) {
         Some(Frame::Welcome {
             version,

@@ -14,7 +14,7 @@ use std::thread::Thread;
 use std::time::Instant;
 
 use netless_ring::{Consumer, DoorbellWords};
-use netless_shm::recv_frame;
+use netless_shm::recv_frame_by;
 
 use super::call::CallOptions;
 use super::slots::{lock, CallSlots};
@@ -24,6 +24,11 @@ use crate::spin_lock::SpinLock;
 use crate::status::Status;
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 use crate::wire::handshake::Frame;
+
+/// How long the server may take to send a whole `Goodbye` once it started.
+const GOODBYE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest `Goodbye` read (a status and its message).
+const MAX_GOODBYE_LEN: usize = 64 * 1024;
 
 /// A client connection's state (see the module docs).
 pub(crate) struct Connection {
@@ -246,7 +251,10 @@ impl Connection {
             if fds[0].revents().is_empty() {
                 continue;
             }
-            let status = match recv_frame(&self.socket, 0) {
+            // A `Goodbye` is one small frame: a server that sends it slowly (or sends bytes
+            // that never make a frame) cannot hold this thread, nor a drop that joins it.
+            let deadline = std::time::Instant::now() + GOODBYE_TIMEOUT;
+            let status = match recv_frame_by(&self.socket, 0, MAX_GOODBYE_LEN, deadline) {
                 Ok((bytes, _)) => match Frame::decode(&bytes) {
                     Some(Frame::Goodbye(status)) => status,
                     _ => Status::internal(format!(

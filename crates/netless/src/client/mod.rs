@@ -366,11 +366,13 @@ impl Drop for ConnectionHandle {
         if let Some(h) = lock(&self.reaper).take() {
             let _ = h.join();
         }
+        // Shut down first: a monitor reading a frame the server is slow to finish returns
+        // at once.
+        let _ = shared.socket.shutdown(std::net::Shutdown::Both);
         if let Some(h) = lock(&self.monitor).take() {
             let _ = h.join();
         }
         shared.lease.release_all(shared.replica.table());
-        let _ = shared.socket.shutdown(std::net::Shutdown::Both);
     }
 }
 

@@ -202,16 +202,18 @@ impl BlockLease {
         (hot != 0 && hot as u32 == count).then_some((hot >> 32) as u32)
     }
 
-    /// Gives back a run we claimed but never sent. A load and a store per word, not a CAS:
-    /// only the owner changes a word OWNED by it while it lives (the server frees it only
-    /// after the run is published, or once the owner is dead).
+    /// Gives back a run we claimed but never sent, by CAS: a word no longer ours (the server
+    /// reclaimed it once our connection ended, and someone claimed it since) is left alone.
     #[inline]
     pub(crate) fn unclaim(&self, table: &[AtomicU32], start: u32, count: u32) {
         for b in start..start.saturating_add(count) {
             if let Some(word) = table.get(b as usize) {
-                if word.load(Ordering::Relaxed) == owned(self.tag) {
-                    word.store(FREE, Ordering::Release);
-                }
+                let _ = word.compare_exchange(
+                    owned(self.tag),
+                    FREE,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                );
             }
         }
     }

@@ -60,10 +60,21 @@ impl ConnSegment {
         Ok((ConnSegment { doorbell, segment }, consumer))
     }
 
-    /// Maps a connection segment received from a client and validates it (server side).
-    pub(crate) fn attach(fd: OwnedFd) -> Result<(ConnSegment, Producer<'static>), String> {
-        let segment = Segment::attach(fd, MAX_CONN_LEN)
-            .map_err(|e| format!("cannot map connection segment: {e}"))?;
+    /// Maps a connection segment received from a client and validates it (server side); its
+    /// ring may take at most `max_ring` bytes.
+    pub(crate) fn attach(
+        fd: OwnedFd,
+        max_ring: usize,
+    ) -> Result<(ConnSegment, Producer<'static>), String> {
+        let max_len =
+            (RING_OFFSET + ResponseRing::bytes_needed((max_ring / 64) as u32)).min(MAX_CONN_LEN);
+        let segment = Segment::attach(fd, max_len).map_err(|e| match e {
+            netless_shm::Error::SegmentTooLarge { len, .. } => format!(
+                "the client's response ring takes {len} bytes, more than the {max_ring} this \
+                 server maps (its max_client_ring): lower ClientConfig::ring_bytes"
+            ),
+            e => format!("cannot map connection segment: {e}"),
+        })?;
         if segment.len() < RING_OFFSET {
             return Err("connection segment too short".into());
         }

@@ -207,7 +207,7 @@ fn admit(
         let status = Status::invalid_argument("the hello carried no connection segment");
         return refuse(socket, status, deadline);
     };
-    let (segment, producer) = match ConnSegment::attach(fd) {
+    let (segment, producer) = match ConnSegment::attach(fd, server.config.max_client_ring) {
         Ok(s) => s,
         Err(e) => return refuse(socket, Status::invalid_argument(e), deadline),
     };

@@ -279,6 +279,19 @@ impl Server {
         self.state.corrupt_responses.store(mode, Ordering::Relaxed);
     }
 
+    /// Test-only: starts a frame on every connection's socket and never finishes it (a
+    /// server that hangs halfway through a `Goodbye`).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn fault_partial_frame(&self) {
+        use std::io::Write;
+        for i in 0..self.state.conns.len() as u32 {
+            if let Some(conn) = self.state.conns.get(i) {
+                let _ = (&conn.socket).write_all(&[100, 0, 0, 0, 4]);
+            }
+        }
+    }
+
     /// Blocks the calling thread until the server stops (it only stops when dropped or shut
     /// down from another thread, so this is for `main` of a server process).
     pub fn wait(&self) {
