@@ -70,8 +70,8 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) ->
 }
 
 /// Most words one [`futex_wait_any`] waits on (the kernel's `FUTEX_WAITV_MAX` is 128; a
-/// thread serving a queue and a few connections needs a handful).
-pub const WAIT_ANY_MAX: usize = 8;
+/// server worker needs one per trust group's queue and one per wake source of its handler).
+pub const WAIT_ANY_MAX: usize = 16;
 
 /// Sleeps while every `*word == expected` of `words`, until any of them is woken by
 /// [`futex_wake`], the timeout expires, or a signal arrives (`futex_waitv`, Linux ≥ 5.16).

@@ -45,9 +45,10 @@ pub trait Handler: Send + Sync + 'static {
 
     /// What else should wake worker `worker` when it sleeps: the doorbells of the
     /// connections whose replies [`Handler::poll`] collects ([`Pipeline::wake_source`],
-    /// [`Client::wake_source`]). Asked once, when the worker starts; at most
-    /// [`WAIT_ANY_MAX`](netless_ring::WAIT_ANY_MAX) − 1 are slept on, and a worker polls
-    /// at least every 100 ms anyway. The default is none.
+    /// [`Client::wake_source`]). Asked whenever the worker starts serving a new set of trust
+    /// groups; the worker sleeps on one doorbell per group and the first of these, up to
+    /// [`WAIT_ANY_MAX`](netless_ring::WAIT_ANY_MAX) in all, and polls at least every 100 ms
+    /// anyway. The default is none.
     ///
     /// [`Pipeline::wake_source`]: crate::Pipeline::wake_source
     /// [`Client::wake_source`]: crate::Client::wake_source

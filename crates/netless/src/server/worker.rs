@@ -205,11 +205,12 @@ impl<'a> Worker<'a> {
         let mut busy = false;
         // The queue's doorbell, then the handler's own sources.
         let sources = server.handler.wake_sources(worker);
-        if sources.len() >= netless_ring::WAIT_ANY_MAX {
+        if nlanes + sources.len() > netless_ring::WAIT_ANY_MAX {
             tracing::warn!(
-                "worker {worker}: the handler gave {} wake sources; only the first {} wake it",
+                "worker {worker}: {nlanes} queues and {} wake sources of the handler; only the \
+                 first {} wake it (the rest are polled, at least every 100 ms)",
                 sources.len(),
-                netless_ring::WAIT_ANY_MAX - 1
+                netless_ring::WAIT_ANY_MAX
             );
         }
         let doorbells: Vec<&netless_ring::DoorbellWords> = lanes
