@@ -302,3 +302,64 @@ pub fn table_census(client: &Client) -> (u32, u32) {
         .count();
     (free as u32, table.len() as u32)
 }
+
+/// `client`'s connection as the server knows it: its index, block tag and secret token.
+pub fn identity(client: &Client) -> (u32, u32, u64) {
+    let conn = client.connection();
+    let (index, token) = conn.conn_identity();
+    (index, conn.lease_identity().0, token)
+}
+
+/// Plays a client that learned another connection's `identity` (index, tag, token) and
+/// sends `count` well-formed `Echo` requests in its name through its own buffer and queue,
+/// its blocks marked with the victim's tag. Returns how many it enqueued.
+pub fn forge_requests(client: &Client, identity: (u32, u32, u64), count: u32) -> u32 {
+    let conn = client.connection();
+    let replica = &conn.replica;
+    let (victim_index, victim_tag, victim_token) = identity;
+    let (own_index, _) = conn.conn_identity();
+    let view = replica.queue_for(own_index);
+    let mut sent = 0;
+    for i in 0..count {
+        let Some(start) = conn.claim_for_fault(2) else {
+            break;
+        };
+        let header = WireHeader {
+            token: victim_token,
+            call_id: 0xf0f0_0000 + u64::from(i),
+            conn_index: victim_index,
+            kind: kind::REQUEST,
+            body_len: 4 + 6,
+            frag_len: 4 + 6,
+            method_len: 4,
+            nblocks: 2,
+            ..WireHeader::default()
+        };
+        if let Some(dst) = replica.run(start, 2) {
+            dst.write(0, &[header.as_bytes(), b"Echo", b"forged"]);
+        }
+        for b in start..start + 2 {
+            replica.table()[b as usize].store(block_state::owned(victim_tag), Ordering::Release);
+        }
+        if view.queue().try_enqueue(start).is_ok() {
+            sent += 1;
+        }
+    }
+    netless_ring::notify(view.doorbell());
+    sent
+}
+
+/// Whether `needle` appears anywhere in the segments `client` maps writable.
+pub fn segments_contain(client: &Client, needle: &[u8]) -> bool {
+    let conn = client.connection();
+    [conn.replica.segment(), conn.conn_segment().segment()]
+        .iter()
+        .any(|segment| {
+            let bytes: Vec<u8> = (0..segment.len())
+                // SAFETY: inside the mapping, which lives as long as `client`; volatile
+                // reads, as other processes may be writing it.
+                .map(|i| unsafe { segment.as_ptr().add(i).read_volatile() })
+                .collect();
+            bytes.windows(needle.len()).any(|w| w == needle)
+        })
+}

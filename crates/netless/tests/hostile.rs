@@ -332,7 +332,10 @@ fn a_server_that_stops_halfway_through_a_frame_holds_up_no_drop() {
     let started = Instant::now();
     drop(client);
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(500), "dropping the client took {took:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "dropping the client took {took:?}"
+    );
 }
 
 #[test]

@@ -24,6 +24,8 @@ use netless::{Acl, CallOptions, Client, Code, Server};
 const NOBODY: u32 = 65534;
 /// Env var: how long a flipper or caller role runs, in milliseconds.
 const RUN_MS: &str = "NETLESS_TEST_RUN_MS";
+/// Env var: a victim connection's `index,tag,token` for the forger.
+const VICTIM: &str = "NETLESS_TEST_VICTIM";
 
 /// Entry point of the peers (run only by them, via `--ignored`).
 #[test]
@@ -78,6 +80,26 @@ fn trust_peer_entry() {
             let get = client.call(netless::control::GET, b"", &options).unwrap();
             let spin = String::from_utf8_lossy(&get.payload).contains("wait=spin");
             println!("RESULT code={code} spin={}", u32::from(spin));
+        }
+        "forger" => {
+            // The victim's identity, as if its secret had leaked.
+            let victim: Vec<u64> = std::env::var(VICTIM)
+                .unwrap()
+                .split(',')
+                .map(|v| v.parse().unwrap())
+                .collect();
+            let identity = (victim[0] as u32, victim[1] as u32, victim[2]);
+            let client = Client::connect_with(&service, client_config(&dir)).unwrap();
+            let visible = netless::fault::segments_contain(&client, &identity.2.to_le_bytes());
+            let sent = netless::fault::forge_requests(&client, identity, 64);
+            // Its own connection still works.
+            let options = CallOptions::new().timeout(Duration::from_secs(5));
+            let own = client.call("Echo", b"mine", &options).is_ok();
+            println!(
+                "RESULT visible={} forged={sent} own_ok={}",
+                u32::from(visible),
+                u32::from(own)
+            );
         }
         other => panic!("unknown role {other}"),
     }
@@ -169,11 +191,25 @@ fn shared_dir(tag: &str) -> TestDir {
 /// Runs `role` as `nobody` for `run`; `None` (with a message) if the test binary cannot be
 /// executed by `nobody` here.
 fn spawn_nobody(role: &str, dir: &TestDir, service: &str, run: Duration) -> Option<Child> {
+    spawn_nobody_with(role, dir, service, run, &[])
+}
+
+/// [`spawn_nobody`] with more environment.
+fn spawn_nobody_with(
+    role: &str,
+    dir: &TestDir,
+    service: &str,
+    run: Duration,
+    env: &[(&str, String)],
+) -> Option<Child> {
     let mut command = role_command("trust_peer_entry", role, dir.path(), service);
     command
         .uid(NOBODY)
         .gid(NOBODY)
         .env(RUN_MS, run.as_millis().to_string());
+    for (k, v) in env {
+        command.env(k, v);
+    }
     match command.spawn() {
         Ok(child) => Some(child),
         Err(e) => {
@@ -351,4 +387,45 @@ fn random_bytes_from_one_uid_cost_another_uid_nothing() {
         "service restored only after {restored_ms} ms"
     );
     assert!(server.alive(), "the server crashed");
+}
+
+#[test]
+fn a_client_of_another_uid_cannot_impersonate_a_connection_even_knowing_its_secret() {
+    if !can_run_as_nobody() {
+        return;
+    }
+    let dir = shared_dir("forge");
+    let service = "trust.Forge";
+    let _server = ServerProcess::start(&dir, service);
+    let victim = Client::connect_with(service, client_config(dir.path())).unwrap();
+    let call = |payload: &[u8]| {
+        let options = CallOptions::new().timeout(Duration::from_secs(5));
+        victim.call("Echo", payload, &options)
+    };
+    assert_eq!(call(b"before").unwrap().payload, b"before");
+    let (index, tag, token) = netless::fault::identity(&victim);
+    let served_before = victim.replica_stats().calls;
+    // Requests in the victim's name (index, tag and token: as if its secret leaked) through
+    // the forger's own buffer and queue, the only ones it can write.
+    let env = [(VICTIM, format!("{index},{tag},{token}"))];
+    let Some(forger) = spawn_nobody_with("forger", &dir, service, Duration::ZERO, &env) else {
+        return;
+    };
+    let line = finish(forger, Duration::from_secs(20));
+    assert_eq!(
+        field(&line, "visible"),
+        0,
+        "the victim's token is in reach: {line}"
+    );
+    assert!(field(&line, "forged") > 0, "{line}");
+    assert_eq!(field(&line, "own_ok"), 1, "{line}");
+    // None of them ran as the victim's: its connection is open and its replies are its own.
+    for i in 0..100u32 {
+        assert_eq!(call(&i.to_le_bytes()).unwrap().payload, i.to_le_bytes());
+    }
+    assert!(!victim.is_closed());
+    // And the server ran none of them at all: it served the victim's 100 calls and the
+    // forger's own one, nothing else.
+    let served = victim.replica_stats().calls - served_before;
+    assert_eq!(served, 101, "the server served {served} calls");
 }
