@@ -70,20 +70,21 @@ pub struct ServerStats {
     pub requests: u64,
     /// Requests whose handler returned an error status.
     pub errors: u64,
-    /// Queue entries or requests dropped as corrupt or unattributable.
+    /// Queue entries or requests dropped as corrupt or unattributable, and blocks freed for
+    /// carrying a tag no connection owns.
     pub dropped: u64,
     /// Connections closed for violating the protocol.
     pub protocol_violations: u64,
-    /// Blocks of the receive buffer that are free (not holding a request).
+    /// Blocks of the receive buffers that are free (not holding a request).
     pub free_blocks: u32,
-    /// Blocks in the receive buffer (all partitions).
+    /// Blocks in the receive buffers (all partitions of every trust group's).
     pub total_blocks: u32,
-    /// Bytes of receive buffer provisioned for the current connections: the whole buffer in
-    /// [`Provisioning::Shared`] and [`Provisioning::PerWorker`], one partition per live
-    /// connection in [`Provisioning::PerConnection`].
+    /// Bytes of receive buffer provisioned for the current connections: the whole buffer of
+    /// each trust group in [`Provisioning::Shared`] and [`Provisioning::PerWorker`], one
+    /// partition per live connection in [`Provisioning::PerConnection`].
     pub receive_buffer_bytes: u64,
     /// Requests clients refused to send (buffer full or queue deeper than the SLO allows),
-    /// as counted by the clients in shared memory (a hint: clients write it).
+    /// as counted by the clients in their groups' segments (a hint: clients write it).
     pub nacks: u64,
     /// Requests the workers refused without running them: they had waited too long in the
     /// queue to finish within the SLO (`crate::slo::admission`). Also NACKs to the caller, and

@@ -203,7 +203,7 @@ impl<'a> Worker<'a> {
         let mut polls = 0u32;
         // Whether the last turn of the loop served an entry.
         let mut busy = false;
-        // The queue's doorbell, then the handler's own sources.
+        // Every lane's doorbell, then the handler's own sources.
         let sources = server.handler.wake_sources(worker);
         if nlanes + sources.len() > netless_ring::WAIT_ANY_MAX {
             tracing::warn!(
