@@ -196,6 +196,7 @@ impl Acceptor {
                 head + (ahead as u64).min(lap)
             }
         });
+        self.audit.connection_ended();
         self.dying.push(Dying {
             tail_at_death,
             since: Instant::now(),

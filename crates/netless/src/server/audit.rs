@@ -7,6 +7,10 @@
 //!
 //! The audit only reads the table and frees, by CAS, words no live connection owns: a word a
 //! worker may be validating or serving carries a live connection's tag.
+//!
+//! A round reads every word of every table, so it runs when it may find something: a client
+//! was refused for want of blocks (a group's NACK count moved), a connection ended in the
+//! last second (its last claims may race its reclaiming), or a few seconds passed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,8 +22,12 @@ use crate::segment::layout::block_state;
 use crate::status::Status;
 use crate::sync::Ordering;
 
-/// How often the tables are audited.
+/// How often the tables are audited while something may be amiss.
 pub(super) const AUDIT_PERIOD: Duration = Duration::from_millis(200);
+/// How often they are audited anyway.
+const IDLE_AUDIT_PERIOD: Duration = Duration::from_secs(2);
+/// How long after a connection ends the audit keeps its quick pace.
+const AFTER_DEATH: Duration = Duration::from_secs(1);
 /// How long a word must carry a tag nobody owns before it is freed.
 const SCRUB_GRACE: Duration = Duration::from_millis(350);
 /// How long a connection may hold more than its quota before it is closed.
@@ -28,6 +36,10 @@ const QUOTA_GRACE: Duration = Duration::from_secs(1);
 /// What the audit remembers from one round to the next.
 pub(super) struct Audit {
     last: Instant,
+    /// Until when rounds are due every `AUDIT_PERIOD` (a connection ended).
+    eager_until: Instant,
+    /// The groups' NACK counts summed at the last round.
+    nacks: u64,
     /// Per group: the words seen carrying a tag nobody owns, `block → (tag, first seen)`.
     suspects: Vec<HashMap<u32, (u32, Instant)>>,
     /// Connections over their quota, by tag, and since when.
@@ -48,6 +60,8 @@ impl Audit {
     pub(super) fn new() -> Audit {
         Audit {
             last: Instant::now(),
+            eager_until: Instant::now(),
+            nacks: 0,
             suspects: Vec::new(),
             over: HashMap::new(),
             held: Vec::new(),
@@ -59,13 +73,29 @@ impl Audit {
         AUDIT_PERIOD.saturating_sub(self.last.elapsed())
     }
 
+    /// A connection ended: audit at the quick pace for a while.
+    pub(super) fn connection_ended(&mut self) {
+        self.eager_until = Instant::now() + AFTER_DEATH;
+    }
+
     /// Runs a round if one is due. `dying`: the tags of connections retired and not yet
     /// reclaimed (their words are the reclaimer's).
     pub(super) fn run(&mut self, server: &ServerState, dying: &[u32]) {
-        if self.last.elapsed() < AUDIT_PERIOD {
+        let since = self.last.elapsed();
+        if since < AUDIT_PERIOD {
             return;
         }
         let now = Instant::now();
+        // A hint clients write: it can only make rounds more frequent.
+        let nacks = server
+            .groups
+            .iter()
+            .map(|g| g.replica.client_control().nacks.load(Ordering::Relaxed))
+            .fold(0u64, u64::wrapping_add);
+        let refused = std::mem::replace(&mut self.nacks, nacks) != nacks;
+        if !refused && now >= self.eager_until && since < IDLE_AUDIT_PERIOD {
+            return;
+        }
         self.last = now;
         let slots = server.conns.len();
         let live: Vec<Live> = (0..slots as u32)

@@ -16,7 +16,7 @@ use crate::wire::header::{kind, wire_flags, ShortHeader, SHORT_HEADER_LEN};
 
 /// Most queue entries a worker serves in one [`Worker::serve_lone_run`]: between runs it goes
 /// idle for a moment, which is when retired connections' blocks can be reclaimed.
-const LONE_RUN: u32 = 64;
+pub(super) const LONE_RUN: u32 = 64;
 
 /// A lone request at `block` that [`Worker::serve_lone_run`] may serve: a whole
 /// `ShortHeader` request, its blocks kept or not, from a pipeline (`BATCH_COMPACT`, which

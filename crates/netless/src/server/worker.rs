@@ -231,10 +231,10 @@ impl<'a> Worker<'a> {
         };
         // Jbsq2: a second entry taken (and its payload prefetched) while serving the first.
         let mut next: Option<u32> = None;
-        // Takes the next entry of lane `i`, if any; `hold` marks the worker so reclamation
+        // Takes the next entry of `lane`, if any; `hold` marks the worker so reclamation
         // waits for it.
-        let take_from = |i: usize, full_check: bool, hold: bool| -> Option<u32> {
-            let Lane { group, view, head } = lanes[i];
+        let take_from = |lane: &Lane<'a>, full_check: bool, hold: bool| -> Option<u32> {
+            let (group, view, head) = (lane.group, lane.view, lane.head);
             let queue = view.queue();
             // Before the entry is taken: say so (reclamation waits for BUSY workers), and
             // start fetching the request while the claim waits for the cell.
@@ -295,13 +295,13 @@ impl<'a> Worker<'a> {
         };
         // Takes the next entry of any lane, the current one's first.
         let take = |full_check: bool| -> Option<u32> {
-            let start = cur.get();
-            if let Some(block) = take_from(start, full_check, false) {
-                return Some(block);
+            if nlanes == 1 {
+                return take_from(&lanes[0], full_check, false);
             }
-            for k in 1..nlanes {
+            let start = cur.get();
+            for k in 0..nlanes {
                 let i = (start + k) % nlanes;
-                if let Some(block) = take_from(i, full_check, false) {
+                if let Some(block) = take_from(&lanes[i], full_check, false) {
                     cur.set(i);
                     return Some(block);
                 }
@@ -371,7 +371,7 @@ impl<'a> Worker<'a> {
             };
             if let Some(first) = lone {
                 // Only this lane's entries: the run serves one connection.
-                let take_next = || take_from(cur.get(), false, false);
+                let take_next = || take_from(lane, false, false);
                 let (rest, n) = self.serve_lone_run(block, first, &take_next, &handler_poll);
                 if n != 0 {
                     bump(&stats.batch[batch_bucket(1)], u64::from(n));
@@ -382,13 +382,22 @@ impl<'a> Worker<'a> {
                     None => {
                         me.serving.store(IDLE, Ordering::Release);
                         server.backlogs.drain(server);
+                        if nlanes > 1 {
+                            // Groups take turns.
+                            cur.set((cur.get() + 1) % nlanes);
+                        }
+                        // A full run: the queue is busy, so the worker may not wait (where
+                        // it looks for new groups) for a while; look now.
+                        if n == super::lone::LONE_RUN && server.groups.count() != nlanes {
+                            break;
+                        }
                         continue;
                     }
                 }
             }
             if jbsq2 {
                 // From the same lane: it is served next, as this lane's.
-                next = take_from(cur.get(), true, true);
+                next = take_from(lane, true, true);
                 if let Some(b) = next {
                     // The second request's payload, while the first runs.
                     if let Some(run) = lane.group.replica.run(b, 1) {
@@ -431,7 +440,9 @@ impl<'a> Worker<'a> {
                 // Groups take turns.
                 cur.set((cur.get() + 1) % nlanes);
             }
-            if served.is_multiple_of(64) && server.groups.count() != nlanes {
+            // Every 16th entry (the sampled ones): a busy worker may not wait, where it looks
+            // for new groups, for a while.
+            if started.is_some() && next.is_none() && server.groups.count() != nlanes {
                 break;
             }
         }
