@@ -19,7 +19,7 @@ use crate::harness::{cpu, json, peer, Peer, Stop};
 use crate::proto::{EchoClient, EchoRequest};
 
 /// The netless service name the echo service is served under (its gRPC `pkg.Service`).
-const SERVICE: &str = "netless.bench.Echo";
+const SERVICE: &str = "bench.Echo";
 
 /// `grpc_paths`' options.
 #[derive(clap::Args, Debug)]

@@ -36,8 +36,8 @@ use h2load::{H2Client, UnaryCall};
 
 const WORK_US: [u64; 7] = [0, 1, 2, 5, 10, 20, 50];
 const SIZES: [usize; 2] = [1024, 48 * 1024];
-const SERVICE: &str = "netless.bench.Echo";
-const ECHO_PATH: &str = "/netless.bench.Echo/Echo";
+const SERVICE: &str = "bench.Echo";
+const ECHO_PATH: &str = "/bench.Echo/Echo";
 
 /// `split_offload`'s options.
 #[derive(clap::Args, Debug)]
