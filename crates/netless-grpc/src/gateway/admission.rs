@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::backends::{Backend, LinkGuard};
 use super::public::Scrubber;
@@ -39,6 +39,8 @@ pub(crate) struct RemoteConnection {
     /// Calls under way (waiting or forwarded), and when the last one ended.
     active: AtomicUsize,
     last_active: Mutex<Instant>,
+    /// Notified when the last call under way ends.
+    quiet: Notify,
 }
 
 impl RemoteConnection {
@@ -48,12 +50,13 @@ impl RemoteConnection {
             reserves: Mutex::default(),
             active: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
+            quiet: Notify::new(),
         })
     }
 
     /// A call begins: the connection is not idle until it ends.
     pub(crate) fn begin(self: &Arc<Self>) -> Activity {
-        self.active.fetch_add(1, Ordering::Relaxed);
+        self.active.fetch_add(1, Ordering::AcqRel);
         Activity(self.clone())
     }
 
@@ -113,16 +116,17 @@ impl RemoteConnection {
     /// Completes once no call has been under way for `timeout`.
     pub(crate) async fn idle(&self, timeout: Duration) {
         loop {
+            // Made before the check, so the last call's end cannot slip between them.
+            let quiet = self.quiet.notified();
+            if self.active.load(Ordering::Acquire) != 0 {
+                quiet.await;
+                continue;
+            }
             let since = lock(&self.last_active).elapsed();
-            if self.active.load(Ordering::Relaxed) == 0 && since >= timeout {
+            if since >= timeout {
                 return;
             }
-            let wait = if self.active.load(Ordering::Relaxed) == 0 {
-                timeout - since
-            } else {
-                timeout
-            };
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep(timeout - since).await;
         }
     }
 }
@@ -133,7 +137,9 @@ pub(crate) struct Activity(Arc<RemoteConnection>);
 impl Drop for Activity {
     fn drop(&mut self) {
         *lock(&self.0.last_active) = Instant::now();
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.quiet.notify_waiters();
+        }
     }
 }
 
@@ -219,5 +225,32 @@ impl Body for CallBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_is_idle_only_a_timeout_after_its_last_call() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let connection = RemoteConnection::new(4);
+            let call = connection.begin();
+            let started = Instant::now();
+            let timeout = Duration::from_millis(100);
+            let ends = async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                drop(call);
+            };
+            let ((), ()) = tokio::join!(connection.idle(timeout), ends);
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(400), "idle after {took:?}");
+            assert!(took < Duration::from_secs(2), "idle after {took:?}");
+        });
     }
 }

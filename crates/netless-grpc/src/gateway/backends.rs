@@ -105,7 +105,8 @@ impl Backends {
 pub(crate) struct Backend {
     service: String,
     pool: Mutex<Pool>,
-    /// Calls admitted from the service's shared capacity (see `admission`).
+    /// Calls admitted from the service's shared capacity (see `admission`). Relaxed, as
+    /// `reserved`: counts that bound themselves, ordering no other memory.
     pub(crate) shared: AtomicUsize,
     /// Calls admitted from connections' reserves.
     pub(crate) reserved: AtomicUsize,
@@ -124,7 +125,8 @@ struct Pool {
 /// One netless connection to the service.
 struct Link {
     client: Client,
-    /// Calls on it now (held by [`LinkGuard`]s).
+    /// Calls on it now (held by [`LinkGuard`]s). Relaxed throughout: a count that picks the
+    /// least loaded link (under the pool's lock), ordering no other memory.
     load: AtomicUsize,
 }
 
