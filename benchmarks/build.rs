@@ -2,7 +2,7 @@
 //!
 //! No `protoc` is needed: `protox` (a pure-Rust protobuf compiler) parses the file into a
 //! `FileDescriptorSet`, and `tonic-prost-build` turns that into Rust code in `OUT_DIR`
-//! (`netless.bench.rs`, included by `src/proto.rs`).
+//! (`bench.rs`, included by `src/proto.rs`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     const PROTO: &str = "proto/echo.proto";

@@ -5,11 +5,20 @@
 
 use crate::harness::{Peer, Stop};
 
-/// The gateway on a free loopback port, pinned to `cpu`, waiting for its backends' replies
-/// in `wait` mode; and its address. It is a daemon: stopped with SIGTERM.
-pub fn spawn(cpu: Option<usize>, wait: &str) -> anyhow::Result<(Peer, String)> {
+/// The gateway on a free loopback port, pinned to `cpu`, forwarding to `service` only and
+/// waiting for its backends' replies in `wait` mode; and its address. It is a daemon:
+/// stopped with SIGTERM.
+pub fn spawn(cpu: Option<usize>, service: &str, wait: &str) -> anyhow::Result<(Peer, String)> {
     let cpu = cpu.map(|c| c.to_string());
-    let mut args = vec!["gateway", "--listen", "127.0.0.1:0", "--wait", wait];
+    let mut args = vec![
+        "gateway",
+        "--listen",
+        "127.0.0.1:0",
+        "--allow",
+        service,
+        "--wait",
+        wait,
+    ];
     if let Some(cpu) = &cpu {
         args.extend(["--pin-cpu", cpu]);
     }

@@ -19,7 +19,7 @@ use crate::harness::{cpu, json, peer, Peer, Stop};
 use crate::proto::{EchoClient, EchoRequest};
 
 /// The netless service name the echo service is served under (its gRPC `pkg.Service`).
-const SERVICE: &str = "netless.bench.Echo";
+const SERVICE: &str = "bench.Echo";
 
 /// `grpc_paths`' options.
 #[derive(clap::Args, Debug)]
@@ -50,7 +50,7 @@ pub enum Role {
         pin_cpu: Option<usize>,
     },
     /// The user's `netless gateway`.
-    Gateway(netless_cli::cmd::gateway::Args),
+    Gateway(Box<netless_cli::cmd::gateway::Args>),
 }
 
 /// Runs a peer process.
@@ -58,7 +58,7 @@ pub fn peer(role: Role) -> anyhow::Result<()> {
     match role {
         Role::GrpcServer(args) => grpc_http2::serve(args),
         Role::GrpcNetless { pin_cpu } => serve_netless(pin_cpu),
-        Role::Gateway(args) => gateway::serve(args),
+        Role::Gateway(args) => gateway::serve(*args),
     }
 }
 
@@ -164,7 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let (_peer, _) = Peer::spawn(&peer_args, "LISTENING", Stop::CloseStdin)?;
     // The gateway shares its core with the servers here: it sleeps while it waits.
-    let gateway = gateway::spawn(peer_cpu, "futex")?;
+    let gateway = gateway::spawn(peer_cpu, SERVICE, "futex")?;
     let channel = netless_grpc::Channel::connect(SERVICE)?;
     let mut netless_client = EchoClient::new(channel);
     if let Some(cpu) = client_cpu {

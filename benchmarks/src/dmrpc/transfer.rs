@@ -112,7 +112,7 @@ pub(super) fn measure(
     peer_cpu: Option<usize>,
     progress: &indicatif::ProgressBar,
 ) -> anyhow::Result<Vec<TransferRow>> {
-    let service = "netless.bench.Transfer";
+    let service = "bench.Transfer";
     let cpu = peer_cpu.map(|c| c.to_string());
     let dir_s = dir.to_string_lossy().into_owned();
     let mut args = vec![

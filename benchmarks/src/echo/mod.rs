@@ -150,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--calls, --rounds and --payloads must be non-empty and positive");
     }
     let (client_cpu, peer_cpu) = cpu::two_cpus().map_or((None, None), |(a, b)| (Some(a), Some(b)));
-    let service = format!("netless.bench.Echo-{}", std::process::id());
+    let service = format!("bench.Echo-{}", std::process::id());
     eprintln!("starting peers (client on cpu {client_cpu:?}, servers on cpu {peer_cpu:?}) ...");
     let mut grpc = GrpcHttp2::start(peer_cpu)?;
     let (_server, client) = start_echo_server(&service, peer_cpu)?;

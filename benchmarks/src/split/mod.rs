@@ -36,8 +36,8 @@ use h2load::{H2Client, UnaryCall};
 
 const WORK_US: [u64; 7] = [0, 1, 2, 5, 10, 20, 50];
 const SIZES: [usize; 2] = [1024, 48 * 1024];
-const SERVICE: &str = "netless.bench.Echo";
-const ECHO_PATH: &str = "/netless.bench.Echo/Echo";
+const SERVICE: &str = "bench.Echo";
+const ECHO_PATH: &str = "/bench.Echo/Echo";
 
 /// `split_offload`'s options.
 #[derive(clap::Args, Debug)]
@@ -78,7 +78,7 @@ pub enum Role {
         pin_cpu: Option<usize>,
     },
     /// The user's `netless gateway`.
-    Gateway(netless_cli::cmd::gateway::Args),
+    Gateway(Box<netless_cli::cmd::gateway::Args>),
 }
 
 /// Runs a peer process.
@@ -86,7 +86,7 @@ pub fn peer(role: Role) -> anyhow::Result<()> {
     match role {
         Role::SplitBaseline { pin_cpu } => server::serve_baseline(pin_cpu),
         Role::SplitLogic { pin_cpu } => server::serve_logic(pin_cpu),
-        Role::Gateway(args) => gateway::serve(args),
+        Role::Gateway(args) => gateway::serve(*args),
     }
 }
 
@@ -188,7 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // waits for the logic's replies in adaptive mode (spinning briefly before it sleeps): on
     // hosts where a system call is dear, a futex wake-up per reply costs the gateway's core
     // more than the spin (about +15% split throughput at 20 µs on an AMD EPYC VM).
-    let (gateway, gateway_addr) = gateway::spawn(gateway_cpu, "adaptive")?;
+    let (gateway, gateway_addr) = gateway::spawn(gateway_cpu, SERVICE, "adaptive")?;
     let me = std::process::id();
     // As in the paper, the server side gets one host core in the baseline, and the split
     // adds a core for the gateway. The load generator (another machine in the paper) must

@@ -19,7 +19,7 @@ enum Command {
     EchoServer(cmd::echo_server::Args),
     /// Call a service repeatedly, like ping(8), and summarise the round-trip times.
     Ping(cmd::ping::Args),
-    /// Forward gRPC/HTTP2 (and TLS) from the network to netless services by path.
+    /// Forward gRPC/HTTP2 (and TLS) from the network to the netless services --allow names.
     Gateway(cmd::gateway::Args),
     /// Size a receive buffer from the queueing model: Erlang-C E\[Nq\] and 10 × E\[Nq\] × B.
     Size(cmd::size::Args),

@@ -73,7 +73,9 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Channel {
     }
 }
 
-async fn call(
+/// One call on `client`: `Err` for a failure of the netless call itself (the service's
+/// own errors come as responses).
+pub(crate) async fn call(
     client: Client,
     request: http::Request<tonic::body::Body>,
 ) -> Result<http::Response<tonic::body::Body>, Status> {

@@ -29,8 +29,13 @@ mod session;
 mod stream;
 
 pub use channel::Channel;
-pub use gateway::{tls_acceptor, Gateway};
+pub use gateway::{
+    read_token_file, tls_acceptor, tls_acceptor_verifying_clients, Gateway, GatewayBuilder,
+    GatewayLimits,
+};
 pub use server::{GrpcServer, GrpcServing};
+/// The TLS acceptor [`Gateway::serve`] takes (from [`tls_acceptor`]).
+pub use tokio_rustls::TlsAcceptor;
 
 /// The README's examples (core and gRPC), compiled and run as doc tests so they stay true.
 #[cfg(doctest)]

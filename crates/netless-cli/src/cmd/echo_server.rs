@@ -1,6 +1,6 @@
 //! `netless echo-server`: serves an echo service until SIGINT/SIGTERM.
 //!
-//! Method `/netless.bench.Echo/Echo` decodes an `EchoRequest` protobuf and answers an
+//! Method `/bench.Echo/Echo` decodes an `EchoRequest` protobuf and answers an
 //! `EchoReply` (the `netless-proto` benchmark row); every other method echoes the raw bytes.
 
 use std::process::ExitCode;
@@ -13,9 +13,9 @@ use netless::{Request, ResponseBuilder, Server, ServerConfig, Status, WaitMode, 
 use prost::Message as _;
 
 /// The protobuf echo method's path.
-pub const PROTO_METHOD: &str = "/netless.bench.Echo/Echo";
+pub const PROTO_METHOD: &str = "/bench.Echo/Echo";
 
-/// `netless.bench.EchoRequest`, the protobuf echo method's request: `bytes payload = 1`
+/// `bench.EchoRequest`, the protobuf echo method's request: `bytes payload = 1`
 /// (the benchmarks' `proto/echo.proto`, whose clients send it).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct EchoRequest {
@@ -24,7 +24,7 @@ pub struct EchoRequest {
     pub payload: Vec<u8>,
 }
 
-/// `netless.bench.EchoReply`: `bytes payload = 1`, the request's payload.
+/// `bench.EchoReply`: `bytes payload = 1`, the request's payload.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct EchoReply {
     /// The request's bytes.

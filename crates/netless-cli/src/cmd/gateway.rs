@@ -1,28 +1,73 @@
-//! `netless gateway`: the split architecture's infrastructure process. Terminates gRPC over
-//! HTTP/2 (optionally TLS) and forwards every call by path to the netless service of that
-//! name, as raw bytes.
+//! `netless gateway`: the split architecture's infrastructure process, and the trust
+//! boundary between the network and the owner's netless services. Terminates gRPC over
+//! HTTP/2 (optionally TLS, optionally requiring client certificates or a bearer token) and
+//! forwards each call to the netless service its path names, as raw bytes, if `--allow`
+//! names it; within limits on what callers can hold (`netless_grpc::GatewayLimits`).
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
-use netless_grpc::Gateway;
+use netless_grpc::{Gateway, GatewayLimits};
 
-/// Forward gRPC calls from the network to netless services by path
-/// (`/pkg.Service/Method` → service `pkg.Service`).
+/// Forward gRPC calls from the network to the netless services named by --allow, by path
+/// (`/pkg.Service/Method` → service `pkg.Service`). Anyone who can reach the listening
+/// address can call those services as the gateway's user: listen on loopback, or require
+/// --tls-client-ca or --token-file.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Address to listen on (loopback unless told otherwise; port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+    /// Services to forward (repeatable): `pkg.Service`, `pkg.*` (every service whose name
+    /// starts with `pkg.`) or `*` (every service). Netless's internal services
+    /// (`netless.*`, `netless-*`) are never forwarded; every other path gets the same
+    /// UNIMPLEMENTED as a service that does not exist.
+    #[arg(long = "allow", value_name = "PATTERN", required = true)]
+    pub allow: Vec<String>,
     /// PEM certificate chain: serve TLS (with --tls-key).
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// PEM file of the CA(s) that issue client certificates: require mutual TLS (a client
+    /// without such a certificate fails the handshake). Needs --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// File holding a bearer token every call must present as `authorization: Bearer
+    /// <token>` (else UNAUTHENTICATED). The file must not be open to group or others.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Connections served at once; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = GatewayLimits::default().max_connections)]
+    pub max_connections: usize,
+    /// Streams (calls) one HTTP/2 connection may have open at once.
+    #[arg(long, default_value_t = GatewayLimits::default().max_streams)]
+    pub max_streams: u32,
+    /// Calls one connection has at the backends at once; its others wait their turn (until
+    /// their deadline). Every connection may always have 2 calls at each service.
+    #[arg(long, default_value_t = GatewayLimits::default().max_calls_per_connection)]
+    pub max_calls_per_connection: usize,
+    /// Deadline of calls that carry no grpc-timeout (`500ms`, `30s`, `5m`; `0` for none).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub default_timeout: Duration,
+    /// Time a client has to complete the TLS handshake.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub tls_handshake_timeout: Duration,
+    /// A connection with no call under way for this long is closed (GOAWAY).
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// Netless connections to each backend service at most, opened as calls need them.
+    #[arg(long, default_value_t = GatewayLimits::default().backend_connections)]
+    pub backend_connections: usize,
+    /// Time a backend has to accept a connection and complete the handshake; calls to one
+    /// that does not are UNAVAILABLE, and calls to other services go on.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub backend_connect_timeout: Duration,
     /// Pin the gateway (all its threads) to this CPU.
     #[arg(long)]
     pub pin_cpu: Option<usize>,
@@ -36,17 +81,80 @@ pub struct Args {
     pub wait: netless::WaitMode,
 }
 
+/// `250ms`, `30s`, `5m`, `1h`, or a number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (try `500ms`, `30s`, `5m`)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
+        _ => Err(format!(
+            "`{text}`: unknown unit `{unit}` (use ms, s, m or h)"
+        )),
+    }
+}
+
+impl Args {
+    fn limits(&self) -> GatewayLimits {
+        GatewayLimits {
+            max_connections: self.max_connections,
+            max_streams: self.max_streams,
+            max_calls_per_connection: self.max_calls_per_connection,
+            default_timeout: (!self.default_timeout.is_zero()).then_some(self.default_timeout),
+            tls_handshake_timeout: self.tls_handshake_timeout,
+            idle_timeout: self.idle_timeout,
+            backend_connections: self.backend_connections,
+            backend_connect_timeout: self.backend_connect_timeout,
+        }
+    }
+
+    fn gateway(&self) -> anyhow::Result<Gateway> {
+        let config = netless::ClientConfig {
+            wait: netless::WaitPolicy {
+                mode: self.wait,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut builder = Gateway::builder(config).limits(self.limits());
+        for pattern in &self.allow {
+            builder = builder.allow(pattern);
+        }
+        if let Some(path) = &self.token_file {
+            let token = netless_grpc::read_token_file(path).map_err(anyhow::Error::msg)?;
+            builder = builder.bearer_token(token);
+        }
+        builder
+            .build()
+            .map_err(|status| anyhow::anyhow!("{}", status.message()))
+    }
+
+    fn tls(&self) -> anyhow::Result<Option<netless_grpc::TlsAcceptor>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let acceptor = match &self.tls_client_ca {
+            Some(ca) => netless_grpc::tls_acceptor_verifying_clients(cert, key, ca),
+            None => netless_grpc::tls_acceptor(cert, key),
+        };
+        acceptor.map(Some).map_err(anyhow::Error::msg)
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(cpu) = args.pin_cpu {
         // Before any thread exists, so every thread (runtime, netless helpers) inherits it.
         netless_shm::pin_current_thread(cpu).with_context(|| format!("pinning to cpu {cpu}"))?;
     }
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => {
-            Some(netless_grpc::tls_acceptor(cert, key).map_err(anyhow::Error::msg)?)
-        }
-        _ => None,
-    };
+    let tls = args.tls()?;
+    let gateway = args.gateway()?;
     let threads = args.threads.unwrap_or(if args.pin_cpu.is_some() {
         1
     } else {
@@ -67,24 +175,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let address = listener.local_addr()?;
-        println!(
-            "LISTENING {address}{}",
-            if tls.is_some() { " (TLS)" } else { "" }
-        );
+        let security = match (&tls, &args.tls_client_ca, &args.token_file) {
+            (None, _, None) => "",
+            (None, _, Some(_)) => " (token)",
+            (Some(_), None, None) => " (TLS)",
+            (Some(_), Some(_), None) => " (TLS, client certificates)",
+            (Some(_), None, Some(_)) => " (TLS, token)",
+            (Some(_), Some(_), Some(_)) => " (TLS, client certificates, token)",
+        };
+        println!("LISTENING {address}{security}");
         std::io::stdout().flush()?;
-        let gateway = Gateway::new(netless::ClientConfig {
-            wait: netless::WaitPolicy {
-                mode: args.wait,
-                ..Default::default()
-            },
-            ..Default::default()
-        });
         gateway
             .clone()
             .serve(listener, tls, shutdown_signal())
             .await?;
         let (calls, refused) = gateway.counts();
-        eprintln!("gateway: {calls} calls forwarded, {refused} refused; bye");
+        eprintln!(
+            "gateway: {calls} calls, {refused} refused; {} connections refused; bye",
+            gateway.refused_connections()
+        );
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -101,5 +210,23 @@ async fn shutdown_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
     }
 }

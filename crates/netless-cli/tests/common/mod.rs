@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+pub(crate) mod interop;
+
 pub(crate) use netless_testing::{Output, Proc, TestDir, SHORT, SHUTDOWN, STARTUP};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_netless");

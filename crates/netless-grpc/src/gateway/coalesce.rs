@@ -115,6 +115,11 @@ impl<F, T> Coalesced<F, T> {
             state: handle.state,
         }
     }
+
+    /// The connection being run (to ask it to shut down).
+    pub(crate) fn inner(&mut self) -> Pin<&mut F> {
+        self.connection.as_mut()
+    }
 }
 
 fn lock<T>(state: &Mutex<State<T>>) -> MutexGuard<'_, State<T>> {

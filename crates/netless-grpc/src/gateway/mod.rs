@@ -1,76 +1,317 @@
-//! The gateway: the infrastructure process of the split architecture. It terminates gRPC
-//! over HTTP/2 (and TLS) from the network and forwards each call by its path,
-//! `/pkg.Service/Method` → netless service `pkg.Service`, as raw bytes: no `.proto`, no
-//! decoding. Streams, metadata, trailers and deadlines pass through as they are, because the
-//! forwarding is the netless [`Channel`] itself.
+//! The gateway: the infrastructure process of the split architecture, and the trust
+//! boundary between the network and a user's netless services. It terminates gRPC over
+//! HTTP/2 (and TLS) and forwards each call by its path, `/pkg.Service/Method` → netless
+//! service `pkg.Service`, as raw bytes: no `.proto`, no decoding. Streams, metadata,
+//! trailers and deadlines pass through as they are, because the forwarding is the netless
+//! [`Channel`](crate::Channel)'s own call.
+//!
+//! It forwards only the services its allow-list names, never netless's internal ones
+//! (`netless.*`, `netless-*`), and answers every other path exactly as it answers a service
+//! that does not exist. Callers may have to authenticate (a client certificate, a bearer
+//! token), and every resource a caller can hold is bounded ([`GatewayLimits`]). Module
+//! map: `allow` (which services), `auth` (bearer tokens), `tls`, `serve` (connections),
+//! `admission` (calls per connection and per service), `backends` (the netless
+//! connections), `public` (what remote callers are told), `coalesce` (writes).
 //!
 //! ```no_run
-//! # async fn run() -> std::io::Result<()> {
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:50051").await?;
-//! let gateway = netless_grpc::Gateway::new(netless::ClientConfig::default());
-//! gateway.serve(listener, None, std::future::pending()).await
+//! let gateway = netless_grpc::Gateway::builder(netless::ClientConfig::default())
+//!     .allow("helloworld.*") // every service of package `helloworld`
+//!     .allow("routeguide.RouteGuide") // and this one
+//!     .build()?;
+//! gateway.serve(listener, None, std::future::pending()).await?;
+//! # Ok(())
 //! # }
 //! ```
 
-use std::collections::HashMap;
-use std::convert::Infallible;
-use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use http::HeaderValue;
+use http::header::AUTHORIZATION;
+use http::HeaderMap;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use netless::{ClientConfig, Code, Status};
-use tokio::net::TcpListener;
-use tokio_rustls::rustls;
-use tokio_rustls::TlsAcceptor;
-use tower_service::Service;
 
-use crate::channel::status_response;
-use crate::Channel;
-use coalesce::{coalesce, Coalesced};
+use crate::channel::{self, status_response};
+use crate::mapping::{format_grpc_timeout, parse_grpc_timeout, GRPC_TIMEOUT};
+use admission::{CallBody, Held, RemoteConnection, RESERVED_PER_SERVICE};
+use allow::AllowList;
+use auth::BearerToken;
+use backends::{Backends, LinkSpec};
+use public::Scrubber;
 
+mod admission;
+mod allow;
+mod auth;
+mod backends;
 mod coalesce;
+mod public;
+mod serve;
+mod tls;
 
-/// Forwards gRPC calls from HTTP/2 to netless services. Cheap to clone.
+pub use auth::read_token_file;
+pub use tls::{tls_acceptor, tls_acceptor_verifying_clients};
+
+/// What one gateway lets its callers hold; every field has a default
+/// (`GatewayLimits::default()`), the `netless gateway` flag of the same name.
+///
+/// ```
+/// use std::time::Duration;
+/// let limits = netless_grpc::GatewayLimits {
+///     max_connections: 64,
+///     default_timeout: Some(Duration::from_secs(5)),
+///     ..Default::default()
+/// };
+/// assert_eq!(limits.max_streams, 100);
+/// ```
+#[derive(Clone, Debug)]
+pub struct GatewayLimits {
+    /// Connections served at once (default 256); the next ones are closed as soon as they
+    /// are accepted.
+    pub max_connections: usize,
+    /// Streams (calls) one HTTP/2 connection may have open at once: its
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` (default 100).
+    pub max_streams: u32,
+    /// Calls one connection has at the backends at once (default 64); its further calls
+    /// wait their turn, until their deadline. Besides, each connection may always have 2
+    /// calls at each service, whatever other connections hold there.
+    pub max_calls_per_connection: usize,
+    /// Deadline of calls that set none (no `grpc-timeout`), passed on to the backend
+    /// (default 60 s); `None`: such calls may last as long as their backend lets them.
+    pub default_timeout: Option<Duration>,
+    /// Time a client has to complete the TLS handshake (default 10 s).
+    pub tls_handshake_timeout: Duration,
+    /// A connection with no call under way for this long is closed with GOAWAY (default
+    /// 120 s); so is one that opens no stream at all.
+    pub idle_timeout: Duration,
+    /// Netless connections to each backend service at most (default 8), opened as the
+    /// calls to it need them; calls go to the least loaded. Each carries up to
+    /// `max_in_flight / 2 - 8` calls of the gateway's `ClientConfig` (120 by default).
+    pub backend_connections: usize,
+    /// Time a backend has to accept a connection and complete the handshake (default 2 s);
+    /// calls to a backend that does not are `UNAVAILABLE`, and calls to other services go on.
+    pub backend_connect_timeout: Duration,
+}
+
+impl Default for GatewayLimits {
+    fn default() -> GatewayLimits {
+        GatewayLimits {
+            max_connections: 256,
+            max_streams: 100,
+            max_calls_per_connection: 64,
+            default_timeout: Some(Duration::from_secs(60)),
+            tls_handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            backend_connections: 8,
+            backend_connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl GatewayLimits {
+    fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("max_connections", self.max_connections),
+            ("max_streams", self.max_streams as usize),
+            ("max_calls_per_connection", self.max_calls_per_connection),
+            ("backend_connections", self.backend_connections),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        let durations = [
+            (
+                "default_timeout",
+                self.default_timeout.unwrap_or(Duration::MAX),
+            ),
+            ("tls_handshake_timeout", self.tls_handshake_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("backend_connect_timeout", self.backend_connect_timeout),
+        ];
+        for (name, value) in durations {
+            if value.is_zero() {
+                return Err(format!("{name} must be more than zero"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`Gateway`]: which services it forwards, how callers authenticate, its limits.
+///
+/// ```
+/// let gateway = netless_grpc::Gateway::builder(netless::ClientConfig::default())
+///     .allow("helloworld.Greeter")
+///     .allow("shop.*")
+///     .bearer_token("a-long-random-secret")
+///     .build()?;
+/// # Ok::<(), netless::Status>(())
+/// ```
+pub struct GatewayBuilder {
+    config: ClientConfig,
+    allow: Vec<String>,
+    token: Option<Vec<u8>>,
+    limits: GatewayLimits,
+}
+
+impl std::fmt::Debug for GatewayBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token itself.
+        f.debug_struct("GatewayBuilder")
+            .field("config", &self.config)
+            .field("allow", &self.allow)
+            .field("token", &self.token.is_some())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl GatewayBuilder {
+    /// Forwards the services `pattern` names: `pkg.Service` (that service), `pkg.*` (every
+    /// service whose name starts with `pkg.`) or `*` (every service). Netless's internal
+    /// services (`netless.*`, `netless-*`) are never forwarded, whatever the pattern.
+    pub fn allow(mut self, pattern: impl Into<String>) -> GatewayBuilder {
+        self.allow.push(pattern.into());
+        self
+    }
+
+    /// Requires every call to carry the metadata `authorization: Bearer <token>`; others
+    /// fail with `UNAUTHENTICATED`. The header is not passed on to backends.
+    pub fn bearer_token(mut self, token: impl Into<Vec<u8>>) -> GatewayBuilder {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The gateway's limits (default: [`GatewayLimits::default`]).
+    pub fn limits(mut self, limits: GatewayLimits) -> GatewayBuilder {
+        self.limits = limits;
+        self
+    }
+
+    /// The gateway; `INVALID_ARGUMENT` for a malformed or internal pattern, a malformed
+    /// token, or limits that do not fit together (each connection's reserved calls must
+    /// fit in a service's backend connections).
+    pub fn build(self) -> Result<Gateway, Status> {
+        let invalid = Status::invalid_argument;
+        let mut allow = AllowList::default();
+        for pattern in &self.allow {
+            allow.add(pattern).map_err(invalid)?;
+        }
+        let token = match &self.token {
+            Some(token) => Some(BearerToken::new(token).map_err(invalid)?),
+            None => None,
+        };
+        self.limits.validate().map_err(invalid)?;
+        let per_link = LinkSpec::calls_per_link(&self.config);
+        let capacity = per_link * self.limits.backend_connections;
+        let reserved = self.limits.max_connections * RESERVED_PER_SERVICE;
+        if reserved >= capacity {
+            return Err(invalid(format!(
+                "{} backend connections of {per_link} calls carry {capacity} calls per \
+                 service, not more than the {reserved} reserved for {} connections \
+                 ({RESERVED_PER_SERVICE} each): raise backend_connections or lower \
+                 max_connections",
+                self.limits.backend_connections, self.limits.max_connections
+            )));
+        }
+        Ok(Gateway::assemble(self, allow, token, capacity - reserved))
+    }
+}
+
+/// Forwards gRPC calls from HTTP/2 to the netless services it is allowed to. Cheap to clone.
 #[derive(Clone)]
 pub struct Gateway {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    config: ClientConfig,
-    /// One connection per backend service, made on its first call.
-    channels: Mutex<HashMap<String, Channel>>,
+    allow: AllowList,
+    token: Option<BearerToken>,
+    limits: GatewayLimits,
+    backends: Backends,
+    /// Calls a service takes beyond the connections' reserves.
+    shared_cap: usize,
+    scrubber: Arc<Scrubber>,
     calls: AtomicU64,
     refused: AtomicU64,
+    refused_connections: AtomicU64,
 }
 
 impl std::fmt::Debug for Gateway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gateway")
+            .field("allow", &self.inner.allow)
+            .field("token", &self.inner.token.is_some())
+            .field("limits", &self.inner.limits)
             .field("calls", &self.inner.calls.load(Ordering::Relaxed))
             .finish()
     }
 }
 
 impl Gateway {
-    /// A gateway that reaches backends with `config` (socket directory, wait policy).
+    /// A gateway that reaches backends with `config` and forwards **nothing**: every call is
+    /// `UNIMPLEMENTED` until services are allowed, with [`Gateway::builder`].
     pub fn new(config: ClientConfig) -> Gateway {
+        let builder = Gateway::builder(config);
+        Gateway::assemble(builder, AllowList::default(), None, 0)
+    }
+
+    /// A builder for a gateway that reaches backends with `config` (socket directory, wait
+    /// policy; its `connect_timeout` is replaced by the limits' `backend_connect_timeout`).
+    pub fn builder(config: ClientConfig) -> GatewayBuilder {
+        GatewayBuilder {
+            config,
+            allow: Vec::new(),
+            token: None,
+            limits: GatewayLimits::default(),
+        }
+    }
+
+    fn assemble(
+        builder: GatewayBuilder,
+        allow: AllowList,
+        token: Option<BearerToken>,
+        shared_cap: usize,
+    ) -> Gateway {
+        let GatewayBuilder {
+            mut config, limits, ..
+        } = builder;
+        config.connect_timeout = limits.backend_connect_timeout;
+        if config.dir.is_none() && !allow.is_empty() {
+            // Resolved once: every link uses it, and error messages are scrubbed of it.
+            config.dir = config
+                .socket_path("gateway.Probe")
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf));
+        }
+        let scrubber = Arc::new(Scrubber::new(config.dir.as_deref()));
+        let spec = LinkSpec {
+            per_link: LinkSpec::calls_per_link(&config),
+            max_links: limits.backend_connections,
+            config,
+        };
         Gateway {
             inner: Arc::new(Inner {
-                config,
-                channels: Mutex::default(),
+                allow,
+                token,
+                limits,
+                backends: Backends::new(spec),
+                shared_cap,
+                scrubber,
                 calls: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                refused_connections: AtomicU64::new(0),
             }),
         }
     }
 
-    /// Calls forwarded so far, and how many of them were refused before reaching a backend
-    /// (unknown service, no backend).
+    /// Calls received so far, and how many of them the gateway refused or failed itself
+    /// (unauthenticated, unknown or not allowed service, no backend, over a limit).
     pub fn counts(&self) -> (u64, u64) {
         (
             self.inner.calls.load(Ordering::Relaxed),
@@ -78,130 +319,109 @@ impl Gateway {
         )
     }
 
-    /// Accepts connections on `listener` (TLS-wrapped if `tls` is given) until `shutdown`
-    /// completes, serving each on its own task.
-    pub async fn serve(
-        self,
-        listener: TcpListener,
-        tls: Option<TlsAcceptor>,
-        shutdown: impl Future<Output = ()>,
-    ) -> std::io::Result<()> {
-        tokio::pin!(shutdown);
-        loop {
-            let (socket, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    // Out of fds and the like: keep serving the connections we have.
-                    Err(e) => {
-                        tracing::warn!("gateway accept: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => return Ok(()),
-            };
-            let _ = socket.set_nodelay(true);
-            let gateway = self.clone();
-            let tls = tls.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let gateway = gateway.clone();
-                    async move { Ok::<_, Infallible>(gateway.forward(request).await) }
-                });
-                let http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-                // Each poll's frames leave in one write (see `coalesce`).
-                let served = match tls {
-                    None => {
-                        let (io, handle) = coalesce(socket);
-                        Coalesced::new(http2.serve_connection(TokioIo::new(io), service), handle)
-                            .await
-                    }
-                    Some(tls) => match tls.accept(socket).await {
-                        Ok(stream) => {
-                            let (io, handle) = coalesce(stream);
-                            let connection = http2.serve_connection(TokioIo::new(io), service);
-                            Coalesced::new(connection, handle).await
-                        }
-                        Err(e) => {
-                            tracing::debug!("TLS handshake with {peer} failed: {e}");
-                            return;
-                        }
-                    },
-                };
-                if let Err(e) = served {
-                    tracing::debug!("connection from {peer}: {e}");
-                }
-            });
-        }
+    /// Connections closed on accept because `max_connections` were being served.
+    pub fn refused_connections(&self) -> u64 {
+        self.inner.refused_connections.load(Ordering::Relaxed)
     }
 
-    /// Forwards one call to the netless service its path names.
-    pub async fn forward(
+    /// Forwards one call from `remote` to the netless service its path names, if allowed.
+    async fn forward(
         &self,
         request: http::Request<Incoming>,
+        remote: &Arc<RemoteConnection>,
     ) -> http::Response<tonic::body::Body> {
-        self.inner.calls.fetch_add(1, Ordering::Relaxed);
-        let service = match service_of(request.uri().path()) {
-            Some(service) => service.to_string(),
-            None => {
-                self.inner.refused.fetch_add(1, Ordering::Relaxed);
-                return status_response(&Status::new(
-                    Code::Unimplemented,
-                    format!(
-                        "`{}` is not a gRPC method path (/package.Service/Method)",
-                        request.uri().path()
-                    ),
-                ));
-            }
+        let inner = &*self.inner;
+        inner.calls.fetch_add(1, Ordering::Relaxed);
+        let mut held = Held {
+            _activity: Some(remote.begin()),
+            ..Held::default()
         };
-        let mut channel = match self.channel(&service) {
-            Ok(channel) => channel,
+        let request = match self.admit(request, remote, &mut held).await {
+            Ok(request) => request,
             Err(status) => {
-                self.inner.refused.fetch_add(1, Ordering::Relaxed);
+                inner.refused.fetch_add(1, Ordering::Relaxed);
                 return status_response(&status);
             }
         };
+        let Some(client) = held.link.as_ref().map(|link| link.client().clone()) else {
+            return status_response(&Status::internal("no backend connection"));
+        };
         let (parts, body) = request.into_parts();
         let request = http::Request::from_parts(parts, tonic::body::Body::new(body));
-        let Ok(response) = channel.call(request).await;
-        if response.headers().get("grpc-status") == Some(&HeaderValue::from_static("14")) {
-            // The backend is gone: reconnect on the next call (it may have restarted).
-            self.forget(&service);
+        match channel::call(client.clone(), request).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                inner.scrubber.trailers(&mut parts.headers);
+                let body = CallBody::new(body, held, inner.scrubber.clone());
+                http::Response::from_parts(parts, tonic::body::Body::new(body))
+            }
+            Err(status) => {
+                if status.code() == Code::Unavailable {
+                    // The backend may be gone: the next call then connects afresh.
+                    client.check_closed();
+                }
+                status_response(&inner.scrubber.status(&status))
+            }
         }
-        response
     }
 
-    /// The channel to `service`, connecting on first use.
-    fn channel(&self, service: &str) -> Result<Channel, Status> {
-        let mut channels = self
-            .inner
-            .channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(channel) = channels.get(service) {
-            return Ok(channel.clone());
+    /// Checks a call against the gateway's rules and takes what it needs to go ahead (a
+    /// permit of its connection, a share of its service, a link), into `held`. Returns the
+    /// request as it goes to the backend.
+    async fn admit(
+        &self,
+        mut request: http::Request<Incoming>,
+        remote: &Arc<RemoteConnection>,
+        held: &mut Held,
+    ) -> Result<http::Request<Incoming>, Status> {
+        let inner = &*self.inner;
+        if let Some(token) = &inner.token {
+            token.check(request.headers())?;
+            // The gateway's secret is not the backends' business.
+            request.headers_mut().remove(AUTHORIZATION);
         }
-        let socket = self.inner.config.socket_path(service)?;
-        if !socket.exists() {
-            return Err(Status::new(
-                Code::Unimplemented,
-                format!(
-                    "unknown service `{service}`: no netless service of that name at {}",
-                    socket.display()
-                ),
-            ));
+        let path = request.uri().path();
+        let service = service_of(path)
+            .ok_or_else(|| public::not_a_method_path(path))?
+            .to_string();
+        if !inner.allow.allows(&service) {
+            return Err(public::unknown_service(&service));
         }
-        let channel = Channel::connect_with(service, self.inner.config.clone())?;
-        channels.insert(service.to_string(), channel.clone());
-        Ok(channel)
+        let deadline = self.deadline(request.headers_mut());
+        let backend = inner.backends.get(&service);
+        let max_calls = inner.limits.max_calls_per_connection;
+        held.permit = Some(
+            remote
+                .permit(deadline)
+                .await
+                .ok_or_else(|| public::connection_busy(max_calls))?,
+        );
+        held.share = Some(
+            remote
+                .share(&backend, inner.shared_cap)
+                .ok_or_else(|| public::service_busy(&service))?,
+        );
+        held.link = Some(
+            backend
+                .link(inner.backends.spec(), deadline)
+                .await
+                .map_err(|why| public::no_link(&service, why))?,
+        );
+        Ok(request)
     }
 
-    fn forget(&self, service: &str) {
-        self.inner
-            .channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(service);
+    /// The call's deadline: its `grpc-timeout`, else the default timeout's, which is then
+    /// written into `headers` for the backend.
+    fn deadline(&self, headers: &mut HeaderMap) -> Option<Instant> {
+        if let Some(deadline) = headers
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+        {
+            return Some(deadline);
+        }
+        let deadline = Instant::now().checked_add(self.inner.limits.default_timeout?)?;
+        headers.insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
+        Some(deadline)
     }
 }
 
@@ -211,32 +431,9 @@ fn service_of(path: &str) -> Option<&str> {
     (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some(service)
 }
 
-/// A TLS acceptor (HTTP/2 by ALPN) from a PEM certificate chain and a PEM private key.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("reading the certificate chain {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!("no certificate in {}", cert.display()));
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("reading the private key {}: {e}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("TLS certificate and key: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::service_of;
+    use super::*;
 
     #[test]
     fn paths_name_their_service() {
@@ -248,5 +445,38 @@ mod tests {
         assert_eq!(service_of("//M"), None);
         assert_eq!(service_of("/a/b/c"), None);
         assert_eq!(service_of("nope"), None);
+    }
+
+    #[test]
+    fn the_builder_refuses_what_cannot_work() {
+        let config = ClientConfig::default;
+        let err = |b: GatewayBuilder| b.build().unwrap_err();
+        assert_eq!(
+            err(Gateway::builder(config()).allow("netless.ctl")).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            err(Gateway::builder(config()).allow("a/b")).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            err(Gateway::builder(config()).bearer_token("has space")).code(),
+            Code::InvalidArgument
+        );
+        let crowded = GatewayLimits {
+            max_connections: 10_000,
+            ..GatewayLimits::default()
+        };
+        let status = err(Gateway::builder(config()).limits(crowded));
+        assert!(status.message().contains("backend_connections"), "{status}");
+        let none = GatewayLimits {
+            idle_timeout: Duration::ZERO,
+            ..GatewayLimits::default()
+        };
+        assert!(err(Gateway::builder(config()).limits(none))
+            .message()
+            .contains("idle_timeout"));
+        let fine = Gateway::builder(config()).allow("helloworld.*").build();
+        assert!(fine.is_ok(), "{fine:?}");
     }
 }
