@@ -3,10 +3,7 @@
 //! control segment in), and the checks of what the server sent before anything of it is
 //! used.
 
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-
-use netless_shm::{recv_frame_by, send_frame};
+use netless_shm::{recv_frame_by, send_frame, SocketDir};
 
 use super::connection::Handshaken;
 use crate::config::ClientConfig;
@@ -18,20 +15,21 @@ use crate::wire::header::HEADER_LEN;
 /// Longest handshake frame read from a server (a `Reject` carries a status message).
 const MAX_HANDSHAKE_FRAME: usize = 64 * 1024;
 
-/// Connects to the server listening at `path` (a replica's socket in `dir`) as `service`.
+/// Connects to the server listening on socket `name` (a replica's) in `dir` as `service`.
 pub(super) fn handshake(
     service: &str,
-    dir: PathBuf,
-    path: &Path,
+    dir: &SocketDir,
+    name: &str,
     config: ClientConfig,
 ) -> Result<Handshaken, Status> {
+    let path = dir.path().join(name);
     let not_found = || {
         Status::unavailable(format!(
                 "service `{service}` not found in {}: is its server running? (set NETLESS_DIR if it uses another directory)",
-                dir.display()
+                dir.path().display()
             ))
     };
-    let socket = match UnixStream::connect(path) {
+    let socket = match dir.connect(name) {
         Ok(s) => s,
         Err(e) if netless_shm::nobody_listens(&e) => return Err(not_found()),
         Err(e) => {
@@ -129,7 +127,7 @@ pub(super) fn handshake(
         .filter(|d| server_domain != 0 && d.id() == server_domain);
     Ok(Handshaken {
         service: service.to_string(),
-        dir,
+        dir: dir.path().to_owned(),
         pool,
         replica,
         segment,
