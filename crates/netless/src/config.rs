@@ -346,8 +346,14 @@ pub struct ClientConfig {
     pub max_message: usize,
     /// Socket directory; `None` means [`netless_shm::socket_dir`]. Either way it is
     /// checked before use (see [`netless_shm::SocketDir`]): not a symbolic link, owned by
-    /// us or by root, and writable by its owner alone.
+    /// us, by root or by `expect_server_uid`, and writable by its owner alone.
     pub dir: Option<PathBuf>,
+    /// The uid the server must run as, checked (`SO_PEERCRED`) as soon as the socket
+    /// connects, before anything is sent; a server of another uid fails the connection with
+    /// `PERMISSION_DENIED`. `None`: the socket directory's owner (our own uid, unless the
+    /// directory is root's). Set it to reach a server of another user, in a directory that
+    /// user owns.
+    pub expect_server_uid: Option<u32>,
     /// How long connecting may take.
     pub connect_timeout: Duration,
     /// Deadline applied to calls that set none; `None` waits as long as the server lives.
@@ -370,6 +376,7 @@ impl Default for ClientConfig {
             max_in_flight: 256,
             max_message: DEFAULT_MAX_MESSAGE,
             dir: None,
+            expect_server_uid: None,
             connect_timeout: Duration::from_secs(5),
             default_timeout: None,
             domain: None,
@@ -409,9 +416,14 @@ impl ClientConfig {
         Ok(dir.path().join(socket_name(dir.path(), service, None)?))
     }
 
-    /// The socket directory, opened and checked.
+    /// The socket directory, opened and checked, trusting a directory of the expected
+    /// server's uid.
     pub(crate) fn socket_dir(&self) -> Result<SocketDir, Status> {
-        socket_dir(self.dir.as_deref(), &[])
+        let trusted: &[u32] = match &self.expect_server_uid {
+            Some(uid) => std::slice::from_ref(uid),
+            None => &[],
+        };
+        socket_dir(self.dir.as_deref(), trusted)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The socket directory and the server's identity, with real processes: directories another
 //! user made, symbolic links and directories others may write are refused by servers and
-//! clients alike; and one live server holds a name, however servers start, die and stop.
+//! clients alike; one live server holds a name, however servers start, die and stop; and a
+//! client refuses a server that runs as another uid than it expects.
 //!
 //! Peers are this test binary again, running only `child_process_entry` in a role; the cases
 //! that need a second uid run a peer as another uid (`Command::uid`) and are skipped, saying
@@ -18,7 +19,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::*;
-use netless::{Acl, CallOptions, Client, Code, Server, ServerConfig, Status};
+use netless::{Acl, CallOptions, Client, ClientConfig, Code, Server, ServerConfig, Status};
 
 /// An unprivileged uid that owns nothing else here (the usual `nobody`).
 const OTHER_UID: u32 = 65534;
@@ -356,4 +357,62 @@ fn a_server_whose_socket_was_replaced_leaves_the_new_one() {
     assert_eq!(err.code(), Code::AlreadyExists, "{err}");
     drop(client);
     new.stop();
+}
+
+#[test]
+fn a_client_refuses_a_server_of_another_uid() {
+    if !is_root() {
+        eprintln!("SKIPPED: running a server as another uid needs root");
+        return;
+    }
+    let ours = TestDir::new("ours");
+    let theirs = dir_of(OTHER_UID, "theirs");
+    let _root_server = Peer::serving("server", ours.path(), "test.Root", None);
+    let other_server = Peer::serving("open-server", theirs.path(), "test.Other", Some(OTHER_UID));
+
+    // A server of another uid whose socket turns up in our directory (linked there: the
+    // socket is reached by its inode) is refused before anything is sent.
+    std::fs::hard_link(
+        theirs.path().join("test.Other.sock"),
+        ours.path().join("test.Planted.sock"),
+    )
+    .unwrap();
+    let err = Client::connect_with("test.Planted", client_config(ours.path())).unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err}");
+    assert!(
+        err.message()
+            .contains(&format!("served by uid {OTHER_UID}, not by uid 0"))
+            && err.message().contains("expect_server_uid"),
+        "{err}"
+    );
+
+    // A client told to expect that uid reaches it, in its directory...
+    let expecting = ClientConfig {
+        expect_server_uid: Some(OTHER_UID),
+        ..client_config(theirs.path())
+    };
+    let client = Client::connect_with("test.Other", expecting.clone()).unwrap();
+    assert_eq!(call_echo(&client).unwrap(), b"who");
+    // ...but refuses root's server: root is not the uid it expects.
+    let err = Client::connect_with(
+        "test.Root",
+        ClientConfig {
+            dir: Some(ours.path().to_owned()),
+            ..expecting
+        },
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err}");
+    assert!(
+        err.message()
+            .contains(&format!("served by uid 0, not by uid {OTHER_UID}")),
+        "{err}"
+    );
+    // Without the expectation, the other user's directory itself is refused.
+    refused(
+        Client::connect_with("test.Other", client_config(theirs.path())),
+        &format!("owned by uid {OTHER_UID}"),
+    );
+    drop(client);
+    other_server.stop();
 }

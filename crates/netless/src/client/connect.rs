@@ -1,14 +1,18 @@
 //! Connecting: the client's half of the handshake over the service's Unix socket (our
 //! connection segment out, our trust group's replica segment and the server's read-only
-//! control segment in), and the checks of what the server sent before anything of it is
+//! control segment in), and the checks of who serves it (the uid the kernel reports for the
+//! socket) and of what the server sent, before anything is sent to it or anything of it is
 //! used.
 
-use netless_shm::{recv_frame_by, send_frame, SocketDir};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use netless_shm::{peer_cred, recv_frame_by, send_frame, SocketDir};
 
 use super::connection::Handshaken;
 use crate::config::ClientConfig;
 use crate::segment::{ConnSegment, ControlSegment, ReplicaSegment};
-use crate::status::Status;
+use crate::status::{Code, Status};
 use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
 use crate::wire::header::HEADER_LEN;
 
@@ -39,6 +43,7 @@ pub(super) fn handshake(
             )))
         }
     };
+    check_server(service, &path, dir, &socket, &config)?;
     let timeout = Some(config.connect_timeout);
     let io = |e: std::io::Error| Status::unavailable(format!("connecting to `{service}`: {e}"));
     socket.set_read_timeout(timeout).map_err(io)?;
@@ -139,4 +144,36 @@ pub(super) fn handshake(
         socket,
         config,
     })
+}
+
+/// Checks that the process serving `path` runs as the uid this client expects (the socket's
+/// `SO_PEERCRED`, recorded by the kernel when the server started listening), before
+/// anything is sent to it.
+fn check_server(
+    service: &str,
+    path: &Path,
+    dir: &SocketDir,
+    socket: &UnixStream,
+    config: &ClientConfig,
+) -> Result<(), Status> {
+    let server = peer_cred(socket)
+        .map_err(|e| Status::unavailable(format!("connecting to `{service}`: {e}")))?;
+    let (expected, why) = match config.expect_server_uid {
+        Some(uid) => (uid, "ClientConfig::expect_server_uid"),
+        None => (dir.owner(), "the socket directory's owner"),
+    };
+    if server.uid != expected {
+        return Err(Status::new(
+            Code::PermissionDenied,
+            format!(
+                "service `{service}` at {} is served by uid {}, not by uid {expected} ({why}): \
+                 another user may be impersonating it, so nothing was sent; if that user's \
+                 server is the one you mean, set ClientConfig::expect_server_uid to {}",
+                path.display(),
+                server.uid,
+                server.uid
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -80,7 +80,9 @@ impl Client {
 
     /// Connects to `service` with `config`.
     ///
-    /// The socket directory is checked first ([`ClientConfig::dir`]).
+    /// The socket directory is checked first ([`ClientConfig::dir`]), and the server's uid
+    /// as soon as the socket connects ([`ClientConfig::expect_server_uid`]): a server of
+    /// another user fails with `PERMISSION_DENIED` before anything is sent.
     pub fn connect_with(service: &str, config: ClientConfig) -> Result<Client, Status> {
         config.validate()?;
         let dir = config.socket_dir()?;
