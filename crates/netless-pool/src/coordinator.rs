@@ -4,25 +4,28 @@
 //! binds the domain's Unix socket and serves it from a thread. Later processes connect, are
 //! checked against the ACL (`SO_PEERCRED`), get a member row and the pool's fd, and keep the
 //! socket open: its hang-up is the kernel's notice that the member died, and the coordinator
-//! then reaps it (`members`: every page and Ref the member held is released).
+//! then reaps it (`members`: every page and Ref the member held is released). A joining
+//! process checks the coordinator the same way: it must be a process the ACL admits.
 //!
 //! Hand-over: every member's watcher thread blocks on its socket. When the coordinator exits,
 //! the sockets close, one member wins the domain's lock file and serves the socket (it already
 //! has the pool), and the others reconnect to it. A member is identified by pid *and* start
 //! time, so a reused pid never keeps a dead member's pages alive. A process that finds no
 //! coordinator founds a new pool only if no member holds the domain's shared `members` lock;
-//! otherwise it waits for the hand-over.
+//! otherwise it waits for the hand-over. The socket and the lock files are reached through
+//! the checked socket directory (`netless_shm::SocketDir`).
 
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use netless_shm::SocketDir;
 use rustix::event::{PollFd, PollFlags};
 use rustix::fs::FlockOperation;
 
@@ -36,40 +39,39 @@ const WELCOME_MAGIC: &[u8; 4] = b"NLDW";
 const PROTOCOL: u32 = 1;
 const TICK: Duration = Duration::from_millis(250);
 
-/// The files of domain `name` in the socket directory.
+/// The files of domain `name` in the socket directory (the names of its entries).
 struct Paths {
-    socket: PathBuf,
-    lock: PathBuf,
-    members: PathBuf,
+    dir: SocketDir,
+    socket: String,
+    lock: String,
+    members: String,
+}
+
+impl Paths {
+    /// The socket's path, for messages.
+    fn socket_path(&self) -> PathBuf {
+        self.dir.path().join(&self.socket)
+    }
+
+    /// Opens (creating) one of the domain's lock files. Readable by others: members of
+    /// other uids the ACL admits lock them too.
+    fn open(&self, name: &str) -> Result<File, PoolError> {
+        Ok(self.dir.open_lock_file(name, 0o644)?)
+    }
 }
 
 fn paths(config: &DomainConfig) -> Result<Paths, PoolError> {
-    let dir = match &config.dir {
-        Some(d) => d.clone(),
-        None => netless_shm::socket_dir()?,
-    };
-    let socket =
-        netless_shm::service_socket_path(&dir, &format!("netless-domain.{}", config.name))?;
+    // A directory of a uid the ACL admits is as trusted as that uid's coordinator.
+    let dir = SocketDir::resolve(config.dir.as_deref(), config.acl.uids())?;
+    let stem = format!("netless-domain.{}", config.name);
+    // Validates the name, and that the socket's path fits in a socket address.
+    netless_shm::service_socket_path(dir.path(), &stem)?;
     Ok(Paths {
-        lock: socket.with_extension("lock"),
-        members: socket.with_extension("members"),
-        socket,
+        socket: format!("{stem}.sock"),
+        lock: format!("{stem}.lock"),
+        members: format!("{stem}.members"),
+        dir,
     })
-}
-
-fn open_lock_file(path: &Path) -> Result<File, PoolError> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|source| {
-            PoolError::Shm(netless_shm::Error::Io {
-                op: "open of the domain's lock file",
-                source,
-            })
-        })
 }
 
 fn try_flock(file: &File, op: FlockOperation) -> bool {
@@ -91,19 +93,33 @@ fn join_err(config: &DomainConfig, reason: String) -> PoolError {
 /// One try at joining through the socket; `rejoin` re-registers an existing member.
 fn try_connect(
     config: &DomainConfig,
-    socket: &Path,
+    paths: &Paths,
     rejoin: Option<(u64, usize, u32)>,
 ) -> Result<Attempt, PoolError> {
-    let stream = match UnixStream::connect(socket) {
+    let stream = match paths.dir.connect(&paths.socket) {
         Ok(s) => s,
         Err(e) if netless_shm::nobody_listens(&e) => return Ok(Attempt::NoCoordinator),
         Err(e) => {
             return Err(join_err(
                 config,
-                format!("connect to {}: {e}", socket.display()),
+                format!("connect to {}: {e}", paths.socket_path().display()),
             ))
         }
     };
+    // Nothing goes to a coordinator the ACL would not admit as a member.
+    let cred = netless_shm::peer_cred(&stream)?;
+    if !config.acl.allows(&cred) {
+        return Err(join_err(
+            config,
+            format!(
+                "the coordinator at {} runs as uid {} gid {}, which the domain's ACL does not \
+                 allow: another user may be impersonating it; nothing was sent",
+                paths.socket_path().display(),
+                cred.uid,
+                cred.gid
+            ),
+        ));
+    }
     let io = |e: std::io::Error| join_err(config, format!("socket set-up: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(2)))
@@ -163,10 +179,10 @@ fn try_connect(
 pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     config.geometry.validate()?;
     let paths = paths(config)?;
-    let members = open_lock_file(&paths.members)?;
+    let members = paths.open(&paths.members)?;
     let deadline = Instant::now() + config.join_timeout;
     loop {
-        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths.socket, None)? {
+        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths, None)? {
             let fd = fd.ok_or_else(|| join_err(config, "the coordinator passed no pool".into()))?;
             let map = Arc::new(PoolMap::attach(fd, None)?);
             rustix::fs::flock(&members, FlockOperation::LockShared)
@@ -181,7 +197,7 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
             );
             return Ok(Domain::from_parts(map, member, config, Some(link)));
         }
-        let lock_file = open_lock_file(&paths.lock)?;
+        let lock_file = paths.open(&paths.lock)?;
         // With the domain's lock and no member holding the members file, nobody is a member:
         // found the domain. Members alive but no socket: one of them is taking over.
         if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive)
@@ -192,7 +208,7 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
                 .ok_or_else(|| join_err(config, "cannot claim a member row".into()))?;
             rustix::fs::flock(&members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
-            let listener = bind(&paths.socket).map_err(|e| join_err(config, e))?;
+            let listener = bind(&paths).map_err(|e| join_err(config, e))?;
             let role = Role::Coordinate(lock_file, listener);
             let link = Link::start(config, paths, map.clone(), members, member, role);
             return Ok(Domain::from_parts(map, member, config, Some(link)));
@@ -204,7 +220,7 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
                 format!(
                     "no coordinator answered on {} within {:?} while members are alive: is \
                      a member process hung?",
-                    paths.socket.display(),
+                    paths.socket_path().display(),
                     config.join_timeout
                 ),
             ));
@@ -213,11 +229,17 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     }
 }
 
-fn bind(socket: &Path) -> Result<UnixListener, String> {
+fn bind(paths: &Paths) -> Result<UnixListener, String> {
     // We hold the domain's lock: any socket file there is a dead coordinator's.
-    let _ = std::fs::remove_file(socket);
-    let listener =
-        UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
+    let socket = paths.socket_path();
+    paths
+        .dir
+        .remove(&paths.socket)
+        .map_err(|e| format!("removing {}: {e}", socket.display()))?;
+    let listener = paths
+        .dir
+        .bind(&paths.socket)
+        .map_err(|e| format!("bind {}: {e}", socket.display()))?;
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("set_nonblocking: {e}"))?;
@@ -355,7 +377,7 @@ impl Serve {
             }
             loop {
                 let rejoin = Some((self.map.domain_id(), self.member, self.generation));
-                match try_connect(&self.config, &self.paths.socket, rejoin) {
+                match try_connect(&self.config, &self.paths, rejoin) {
                     Ok(Attempt::Joined(s, _, _)) => {
                         *lock(&self.shared.socket) = s.try_clone().ok();
                         stream = s;
@@ -369,9 +391,9 @@ impl Serve {
                         std::thread::sleep(Duration::from_millis(100));
                     }
                 }
-                if let Ok(lock_file) = open_lock_file(&self.paths.lock) {
+                if let Ok(lock_file) = self.paths.open(&self.paths.lock) {
                     if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
-                        match bind(&self.paths.socket) {
+                        match bind(&self.paths) {
                             Ok(listener) => {
                                 tracing::info!(
                                     "netless-pool: member {} took over domain `{}`",
@@ -449,7 +471,7 @@ impl Serve {
         joins.stop();
         drop(joins.take_admitted());
         // Hand over: remove the socket while we hold the lock, then let the lock go.
-        let _ = std::fs::remove_file(&self.paths.socket);
+        let _ = self.paths.dir.remove(&self.paths.socket);
         drop(listener);
         drop(lock_file);
         self.shared.coordinator.store(false, Ordering::Release);
