@@ -7,13 +7,16 @@
 //! then reaps it (`members`: every page and Ref the member held is released). A joining
 //! process checks the coordinator the same way: it must be a process the ACL admits.
 //!
+//! Every process locks its liveness token in the domain's `members` file before it asks to
+//! join, and the coordinator admits it only if it sees that token held: the row is judged by
+//! the token from its first moment, by whoever reads it, in any pid namespace.
+//!
 //! Hand-over: every member's watcher thread blocks on its socket. When the coordinator exits,
 //! the sockets close, one member wins the domain's lock file and serves the socket (it already
-//! has the pool), and the others reconnect to it. A member is identified by pid *and* start
-//! time, so a reused pid never keeps a dead member's pages alive. A process that finds no
-//! coordinator founds a new pool only if no member holds the domain's shared `members` lock;
-//! otherwise it waits for the hand-over. The socket and the lock files are reached through
-//! the checked socket directory (`netless_shm::SocketDir`).
+//! has the pool), and the others reconnect to it. A process that finds no coordinator founds a
+//! new pool only if no member holds the domain's shared `members` lock; otherwise it waits for
+//! the hand-over. The socket and the lock files are reached through the checked socket
+//! directory (`netless_shm::SocketDir`).
 
 use std::fs::File;
 use std::io::Read;
@@ -31,12 +34,14 @@ use rustix::fs::FlockOperation;
 
 use crate::domain::lock;
 use crate::layout::{member_state, PoolMap, MAX_MEMBERS};
-use crate::members::{claim_row, reap_dead_members, row_alive};
+use crate::members::{
+    claim_row, pid_namespace, reap_dead_members, row_alive, token_in_use, Identity, Tokens,
+};
 use crate::{Domain, DomainConfig, PoolError};
 
 const JOIN_MAGIC: &[u8; 4] = b"NLDJ";
 const WELCOME_MAGIC: &[u8; 4] = b"NLDW";
-const PROTOCOL: u32 = 1;
+const PROTOCOL: u32 = 2;
 const TICK: Duration = Duration::from_millis(250);
 
 /// The files of domain `name` in the socket directory (the names of its entries).
@@ -90,10 +95,11 @@ fn join_err(config: &DomainConfig, reason: String) -> PoolError {
     }
 }
 
-/// One try at joining through the socket; `rejoin` re-registers an existing member.
+/// One try at joining through the socket as `me`; `rejoin` re-registers an existing member.
 fn try_connect(
     config: &DomainConfig,
     paths: &Paths,
+    me: &Identity,
     rejoin: Option<(u64, usize, u32)>,
 ) -> Result<Attempt, PoolError> {
     let stream = match paths.dir.connect(&paths.socket) {
@@ -133,6 +139,9 @@ fn try_connect(
     req.extend_from_slice(&domain.to_le_bytes());
     req.extend_from_slice(&(member as u32).to_le_bytes());
     req.extend_from_slice(&generation.to_le_bytes());
+    req.extend_from_slice(&me.token.to_le_bytes());
+    req.extend_from_slice(&me.pid.to_le_bytes());
+    req.extend_from_slice(&me.pid_ns.to_le_bytes());
     let reply = netless_shm::send_frame(&stream, &req, &[])
         .and_then(|()| netless_shm::recv_frame(&stream, 1));
     let (payload, fds) = match reply {
@@ -179,23 +188,36 @@ fn try_connect(
 pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     config.geometry.validate()?;
     let paths = paths(config)?;
-    let members = paths.open(&paths.members)?;
+    let members = Arc::new(paths.open(&paths.members)?);
+    // Held from before we ask to join until this process leaves (or dies): the open file is
+    // shared by the membership and its domain thread, and closes when both are gone.
+    let me = Identity::this_process(random_token());
+    netless_shm::hold_liveness_token(&members, me.token)?;
+    let tokens = Tokens::new(members.clone());
     let deadline = Instant::now() + config.join_timeout;
     loop {
-        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths, None)? {
+        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths, &me, None)? {
             let fd = fd.ok_or_else(|| join_err(config, "the coordinator passed no pool".into()))?;
             let map = Arc::new(PoolMap::attach(fd, None)?);
-            rustix::fs::flock(&members, FlockOperation::LockShared)
+            rustix::fs::flock(&*members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
             let link = Link::start(
                 config,
                 paths,
                 map.clone(),
-                members,
+                &tokens,
+                me,
                 member,
                 Role::Watch(stream),
             );
-            return Ok(Domain::from_parts(map, member, config, Some(link)));
+            return Ok(Domain::from_parts(
+                map,
+                member,
+                config,
+                Some(link),
+                tokens,
+                me.pid_ns,
+            ));
         }
         let lock_file = paths.open(&paths.lock)?;
         // With the domain's lock and no member holding the members file, nobody is a member:
@@ -204,14 +226,21 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
             && try_flock(&members, FlockOperation::NonBlockingLockExclusive)
         {
             let map = Arc::new(PoolMap::create(config.geometry, random_id())?);
-            let (member, _) = claim_row(&map, std::process::id(), None)
+            let (member, _) = claim_row(&map, me, None, &tokens)
                 .ok_or_else(|| join_err(config, "cannot claim a member row".into()))?;
-            rustix::fs::flock(&members, FlockOperation::LockShared)
+            rustix::fs::flock(&*members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
             let listener = bind(&paths).map_err(|e| join_err(config, e))?;
             let role = Role::Coordinate(lock_file, listener);
-            let link = Link::start(config, paths, map.clone(), members, member, role);
-            return Ok(Domain::from_parts(map, member, config, Some(link)));
+            let link = Link::start(config, paths, map.clone(), &tokens, me, member, role);
+            return Ok(Domain::from_parts(
+                map,
+                member,
+                config,
+                Some(link),
+                tokens,
+                me.pid_ns,
+            ));
         }
         drop(lock_file);
         if Instant::now() >= deadline {
@@ -244,6 +273,11 @@ fn bind(paths: &Paths) -> Result<UnixListener, String> {
         .set_nonblocking(true)
         .map_err(|e| format!("set_nonblocking: {e}"))?;
     Ok(listener)
+}
+
+/// A fresh liveness token: random, so no two processes of a domain pick the same one.
+fn random_token() -> u64 {
+    (random_id() & netless_shm::MAX_LIVENESS_TOKEN).max(1)
 }
 
 fn random_id() -> u64 {
@@ -286,10 +320,13 @@ struct Serve {
     config: DomainConfig,
     paths: Paths,
     map: Arc<PoolMap>,
+    /// The members file (this process's token is held on it) and the others' tokens.
+    tokens: Tokens,
+    /// This process, as its row names it.
+    me: Identity,
     member: usize,
     generation: u32,
     shared: Arc<LinkShared>,
-    _members: File,
 }
 
 impl Link {
@@ -311,7 +348,8 @@ impl Link {
         config: &DomainConfig,
         paths: Paths,
         map: Arc<PoolMap>,
-        members: File,
+        tokens: &Tokens,
+        me: Identity,
         member: usize,
         role: Role,
     ) -> Link {
@@ -321,10 +359,11 @@ impl Link {
             config: config.clone(),
             paths,
             map,
+            tokens: tokens.clone(),
+            me,
             member,
             generation,
             shared: shared.clone(),
-            _members: members,
         };
         let run: Box<dyn FnOnce() + Send> = match role {
             Role::Watch(stream) => {
@@ -377,7 +416,7 @@ impl Serve {
             }
             loop {
                 let rejoin = Some((self.map.domain_id(), self.member, self.generation));
-                match try_connect(&self.config, &self.paths, rejoin) {
+                match try_connect(&self.config, &self.paths, &self.me, rejoin) {
                     Ok(Attempt::Joined(s, _, _)) => {
                         *lock(&self.shared.socket) = s.try_clone().ok();
                         stream = s;
@@ -419,7 +458,7 @@ impl Serve {
     fn coordinate(self, lock_file: File, listener: UnixListener) {
         let mut conns: Vec<(UnixStream, usize)> = Vec::new();
         let mut joins = Joins::new();
-        reap_dead_members(&self.map, Some(self.member));
+        reap_dead_members(&self.map, &self.tokens, Some(self.member));
         let mut last_sweep = Instant::now();
         while !self.stopping() {
             let mut fds = Vec::with_capacity(2 + conns.len());
@@ -447,8 +486,8 @@ impl Serve {
                     // Members never write after joining: readable means hung up.
                     if matches!((&*c).read(&mut byte), Ok(0) | Err(_)) {
                         gone.push(i);
-                        if !row_alive(&self.map, *m) {
-                            reap_dead_members(&self.map, Some(self.member));
+                        if !row_alive(&self.map, &self.tokens, *m) {
+                            reap_dead_members(&self.map, &self.tokens, Some(self.member));
                         }
                     }
                 }
@@ -465,7 +504,7 @@ impl Serve {
             conns.extend(joins.take_admitted());
             if last_sweep.elapsed() >= TICK {
                 last_sweep = Instant::now();
-                reap_dead_members(&self.map, Some(self.member));
+                reap_dead_members(&self.map, &self.tokens, Some(self.member));
             }
         }
         joins.stop();
@@ -483,8 +522,9 @@ impl Serve {
 const MAX_JOINS: usize = 64;
 /// How long one whole join may take, however the joining process paces its bytes.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bytes of a join request.
-const JOIN_LEN: usize = 24;
+/// Bytes of a join request: magic, protocol, domain id, member row and generation (to
+/// rejoin), liveness token, pid and pid namespace.
+const JOIN_LEN: usize = 44;
 
 /// The joins in progress, each on a thread of its own with one deadline, so that a member
 /// that sends its request slowly (or not at all) holds up no one else's join, no hang-up and
@@ -518,13 +558,14 @@ impl Joins {
             return;
         };
         let (config, map, me) = (serve.config.clone(), serve.map.clone(), serve.member);
+        let tokens = serve.tokens.clone();
         let admitted = self.admitted.clone();
         let spawned = std::thread::Builder::new()
             .name("netless-pool-join".into())
             .stack_size(256 * 1024)
             .spawn(move || {
                 let deadline = Instant::now() + JOIN_TIMEOUT;
-                match admit(&config, &map, me, &stream, deadline) {
+                match admit(&config, (&map, &tokens), me, &stream, deadline) {
                     Some(member) => lock(&admitted).push((stream, member)),
                     // Shut down, not just closed: the coordinator holds a second handle.
                     None => {
@@ -567,7 +608,7 @@ fn refuse(stream: &UnixStream, why: &str, deadline: Instant) -> Option<usize> {
 /// `me` is the coordinator's own row.
 fn admit(
     config: &DomainConfig,
-    map: &PoolMap,
+    (map, tokens): (&PoolMap, &Tokens),
     me: usize,
     stream: &UnixStream,
     deadline: Instant,
@@ -592,9 +633,35 @@ fn admit(
     let domain = u64::from_le_bytes(req[8..16].try_into().ok()?);
     let member = u32::from_le_bytes(req[16..20].try_into().ok()?) as usize;
     let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
-    let pid = cred.pid.max(0) as u32;
+    let who = Identity {
+        token: u64::from_le_bytes(req[24..32].try_into().ok()?),
+        pid: u32::from_le_bytes(req[32..36].try_into().ok()?),
+        pid_ns: u64::from_le_bytes(req[36..44].try_into().ok()?),
+    };
+    // Its row is judged by its token from the moment it exists: the token must be held, in
+    // the file we see, by now.
+    if who.token == 0 || who.token > netless_shm::MAX_LIVENESS_TOKEN || !tokens.held(who.token) {
+        return refuse(
+            stream,
+            "the joining process holds no liveness token in the domain's members file we see \
+             (is the socket directory the same file system for both?)",
+            deadline,
+        );
+    }
+    // What the kernel says of a process of our own pid namespace beats what it claims.
+    let ours = pid_namespace();
+    if who.pid_ns == ours && ours != 0 && i64::from(who.pid) != i64::from(cred.pid) {
+        let why = format!(
+            "the joining process says it is pid {}, its socket says pid {}",
+            who.pid, cred.pid
+        );
+        return refuse(stream, &why, deadline);
+    }
     let (member, generation, pass_fd) = if member == u32::MAX as usize {
-        match claim_row(map, pid, Some(me)) {
+        if token_in_use(map, who.token) {
+            return refuse(stream, "liveness token already in use: retry", deadline);
+        }
+        match claim_row(map, who, Some(me), tokens) {
             Some((m, g)) => (m, g, true),
             None => {
                 let why = format!("the domain is full ({MAX_MEMBERS} members)");
@@ -606,7 +673,7 @@ fn admit(
         let expect = u64::from(generation) << 32 | member_state::ALIVE;
         if domain != map.domain_id()
             || row.state.load(Ordering::Acquire) != expect
-            || row.pid.load(Ordering::Acquire) != pid
+            || row.token.load(Ordering::Acquire) != who.token
         {
             return refuse(
                 stream,
