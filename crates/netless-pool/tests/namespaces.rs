@@ -16,6 +16,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use netless_pool::{Domain, DomainConfig, PoolError, PoolGeometry, Ref, SharedBuf, PAGE_SIZE};
+use netless_testing::{in_new_pid_namespace, pid_namespace};
 
 const ROLE: &str = "NLP_NS_ROLE";
 const DIR: &str = "NLP_NS_DIR";
@@ -79,11 +80,6 @@ fn ref_from_hex(s: &str) -> Ref {
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect();
     Ref::from_bytes(&bytes).unwrap()
-}
-
-/// This process's pid namespace (the inode of `/proc/self/ns/pid`).
-fn pid_namespace() -> u64 {
-    rustix::fs::stat("/proc/self/ns/pid").map_or(0, |st| st.st_ino)
 }
 
 fn say(line: &str) {
@@ -316,60 +312,6 @@ impl Peer {
 impl Drop for Peer {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// Makes the command's process pid 1 of a new pid namespace with its own `/proc`: the
-/// spawned process unshares and forks, its child execs the command and it waits for that
-/// child, passing on its exit status.
-fn in_new_pid_namespace(cmd: &mut Command) {
-    // SAFETY: the closure runs in the forked child before `exec` and makes only system calls
-    // that are safe there (no allocation, no locks): unshare, fork, close_range, waitpid,
-    // _exit, prctl and mount with static strings.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let pid = libc::fork();
-            if pid < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if pid > 0 {
-                // Close the spawner's error pipe here: `spawn` returns once the namespaced
-                // child has exec'd (or reports why it could not).
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                let mut status = 0;
-                while libc::waitpid(pid, &mut status, 0) == -1
-                    && *libc::__errno_location() == libc::EINTR
-                {}
-                libc::_exit(if libc::WIFEXITED(status) {
-                    libc::WEXITSTATUS(status)
-                } else {
-                    1
-                });
-            }
-            // Pid 1 of the new namespace. Its own /proc, as a container has, without
-            // touching the parent's mounts.
-            let root = c"/".as_ptr();
-            let none = std::ptr::null();
-            if libc::mount(
-                none,
-                root,
-                none,
-                libc::MS_REC | libc::MS_PRIVATE,
-                none.cast(),
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            let proc = c"proc".as_ptr();
-            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-            if libc::mount(proc, c"/proc".as_ptr(), proc, flags, none.cast()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
     }
 }
 
