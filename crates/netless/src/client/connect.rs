@@ -7,7 +7,7 @@
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use netless_shm::{peer_cred, recv_frame_by, send_frame, SocketDir};
+use netless_shm::{peer_cred, recv_frame_by, send_frame, PeerCred, SocketDir};
 
 use super::connection::Handshaken;
 use crate::config::ClientConfig;
@@ -43,7 +43,7 @@ pub(super) fn handshake(
             )))
         }
     };
-    check_server(service, &path, dir, &socket, &config)?;
+    let server = check_server(service, &path, dir, &socket, &config)?;
     let timeout = Some(config.connect_timeout);
     let io = |e: std::io::Error| Status::unavailable(format!("connecting to `{service}`: {e}"));
     socket.set_read_timeout(timeout).map_err(io)?;
@@ -125,11 +125,14 @@ pub(super) fn handshake(
         )));
     }
     let fragment_body = max_run * block - HEADER_LEN;
-    // Pass by reference only when both sides map the same pool.
-    let pool = config
-        .domain
-        .clone()
-        .filter(|d| server_domain != 0 && d.id() == server_domain);
+    // Pass by reference only when both sides map the same pool, and the server is a member
+    // we see in our own pid namespace: only then does the server see us as one (it knows
+    // members by the pid its socket reports), and accept our Refs.
+    let pool = config.domain.clone().filter(|d| {
+        server_domain != 0
+            && d.id() == server_domain
+            && u32::try_from(server.pid).is_ok_and(|pid| d.has_member(pid))
+    });
     Ok(Handshaken {
         service: service.to_string(),
         dir: dir.path().to_owned(),
@@ -148,14 +151,14 @@ pub(super) fn handshake(
 
 /// Checks that the process serving `path` runs as the uid this client expects (the socket's
 /// `SO_PEERCRED`, recorded by the kernel when the server started listening), before
-/// anything is sent to it.
+/// anything is sent to it; returns its credentials.
 fn check_server(
     service: &str,
     path: &Path,
     dir: &SocketDir,
     socket: &UnixStream,
     config: &ClientConfig,
-) -> Result<(), Status> {
+) -> Result<PeerCred, Status> {
     let server = peer_cred(socket)
         .map_err(|e| Status::unavailable(format!("connecting to `{service}`: {e}")))?;
     let (expected, why) = match config.expect_server_uid {
@@ -175,5 +178,5 @@ fn check_server(
             ),
         ));
     }
-    Ok(())
+    Ok(server)
 }
