@@ -13,7 +13,7 @@ use std::fs::File;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 
-use rustix::fs::FlockOperation;
+use rustix::fs::{AtFlags, FlockOperation, Mode};
 use rustix::io::Errno;
 
 use crate::{Error, SocketDir};
@@ -84,6 +84,21 @@ impl SocketClaim {
     /// The socket's path, as users see it.
     pub fn socket_path(&self) -> PathBuf {
         self.dir.path().join(&self.name)
+    }
+
+    /// Sets the socket's permission bits (through the open directory), for a server that
+    /// admits other users: connecting needs write permission on the socket.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if `chmod` fails.
+    pub fn set_socket_mode(&self, mode: u32) -> Result<(), Error> {
+        rustix::fs::chmodat(
+            &self.dir,
+            self.name.as_str(),
+            Mode::from_raw_mode(mode),
+            AtFlags::empty(),
+        )
+        .map_err(Error::os("chmod of a service's socket"))
     }
 }
 

@@ -188,14 +188,12 @@ impl Server {
         // on every connection, is what keeps everyone else out.
         let me = rustix::process::geteuid().as_raw();
         if config.acl.uids().iter().any(|&u| u != me) || !config.acl.gids().is_empty() {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o666))
-                .map_err(|e| {
-                    Status::unavailable(format!(
-                        "cannot open {} to the other users the ACL admits: {e}",
-                        socket_path.display()
-                    ))
-                })?;
+            claim.set_socket_mode(0o666).map_err(|e| {
+                Status::unavailable(format!(
+                    "cannot open {} to the other users the ACL admits: {e}",
+                    socket_path.display()
+                ))
+            })?;
         }
         let state = Arc::new_cyclic(|this| ServerState {
             this: this.clone(),
