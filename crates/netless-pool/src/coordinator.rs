@@ -4,72 +4,79 @@
 //! binds the domain's Unix socket and serves it from a thread. Later processes connect, are
 //! checked against the ACL (`SO_PEERCRED`), get a member row and the pool's fd, and keep the
 //! socket open: its hang-up is the kernel's notice that the member died, and the coordinator
-//! then reaps it (`members`: every page and Ref the member held is released).
+//! then reaps it (`members`: every page and Ref the member held is released). A joining
+//! process checks the coordinator the same way: it must be a process the ACL admits.
+//!
+//! Every process locks its liveness token in the domain's `members` file before it asks to
+//! join, and the coordinator admits it only if it sees that token held: the row is judged by
+//! the token from its first moment, by whoever reads it, in any pid namespace.
 //!
 //! Hand-over: every member's watcher thread blocks on its socket. When the coordinator exits,
 //! the sockets close, one member wins the domain's lock file and serves the socket (it already
-//! has the pool), and the others reconnect to it. A member is identified by pid *and* start
-//! time, so a reused pid never keeps a dead member's pages alive. A process that finds no
-//! coordinator founds a new pool only if no member holds the domain's shared `members` lock;
-//! otherwise it waits for the hand-over.
+//! has the pool), and the others reconnect to it. A process that finds no coordinator founds a
+//! new pool only if no member holds the domain's shared `members` lock; otherwise it waits for
+//! the hand-over. The socket and the lock files are reached through the checked socket
+//! directory (`netless_shm::SocketDir`).
 
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use netless_shm::SocketDir;
 use rustix::event::{PollFd, PollFlags};
 use rustix::fs::FlockOperation;
 
 use crate::domain::lock;
 use crate::layout::{member_state, PoolMap, MAX_MEMBERS};
-use crate::members::{claim_row, reap_dead_members, row_alive};
+use crate::members::{
+    claim_row, pid_namespace, reap_dead_members, row_alive, token_in_use, Identity, Tokens,
+};
 use crate::{Domain, DomainConfig, PoolError};
 
 const JOIN_MAGIC: &[u8; 4] = b"NLDJ";
 const WELCOME_MAGIC: &[u8; 4] = b"NLDW";
-const PROTOCOL: u32 = 1;
+const PROTOCOL: u32 = 2;
 const TICK: Duration = Duration::from_millis(250);
 
-/// The files of domain `name` in the socket directory.
+/// The files of domain `name` in the socket directory (the names of its entries).
 struct Paths {
-    socket: PathBuf,
-    lock: PathBuf,
-    members: PathBuf,
+    dir: SocketDir,
+    socket: String,
+    lock: String,
+    members: String,
+}
+
+impl Paths {
+    /// The socket's path, for messages.
+    fn socket_path(&self) -> PathBuf {
+        self.dir.path().join(&self.socket)
+    }
+
+    /// Opens (creating) one of the domain's lock files. Readable by others: members of
+    /// other uids the ACL admits lock them too.
+    fn open(&self, name: &str) -> Result<File, PoolError> {
+        Ok(self.dir.open_lock_file(name, 0o644)?)
+    }
 }
 
 fn paths(config: &DomainConfig) -> Result<Paths, PoolError> {
-    let dir = match &config.dir {
-        Some(d) => d.clone(),
-        None => netless_shm::socket_dir()?,
-    };
-    let socket =
-        netless_shm::service_socket_path(&dir, &format!("netless-domain.{}", config.name))?;
+    // A directory of a uid the ACL admits is as trusted as that uid's coordinator.
+    let dir = SocketDir::resolve(config.dir.as_deref(), config.acl.uids())?;
+    let stem = format!("netless-domain.{}", config.name);
+    // Validates the name, and that the socket's path fits in a socket address.
+    netless_shm::service_socket_path(dir.path(), &stem)?;
     Ok(Paths {
-        lock: socket.with_extension("lock"),
-        members: socket.with_extension("members"),
-        socket,
+        socket: format!("{stem}.sock"),
+        lock: format!("{stem}.lock"),
+        members: format!("{stem}.members"),
+        dir,
     })
-}
-
-fn open_lock_file(path: &Path) -> Result<File, PoolError> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|source| {
-            PoolError::Shm(netless_shm::Error::Io {
-                op: "open of the domain's lock file",
-                source,
-            })
-        })
 }
 
 fn try_flock(file: &File, op: FlockOperation) -> bool {
@@ -88,22 +95,37 @@ fn join_err(config: &DomainConfig, reason: String) -> PoolError {
     }
 }
 
-/// One try at joining through the socket; `rejoin` re-registers an existing member.
+/// One try at joining through the socket as `me`; `rejoin` re-registers an existing member.
 fn try_connect(
     config: &DomainConfig,
-    socket: &Path,
+    paths: &Paths,
+    me: &Identity,
     rejoin: Option<(u64, usize, u32)>,
 ) -> Result<Attempt, PoolError> {
-    let stream = match UnixStream::connect(socket) {
+    let stream = match paths.dir.connect(&paths.socket) {
         Ok(s) => s,
         Err(e) if netless_shm::nobody_listens(&e) => return Ok(Attempt::NoCoordinator),
         Err(e) => {
             return Err(join_err(
                 config,
-                format!("connect to {}: {e}", socket.display()),
+                format!("connect to {}: {e}", paths.socket_path().display()),
             ))
         }
     };
+    // Nothing goes to a coordinator the ACL would not admit as a member.
+    let cred = netless_shm::peer_cred(&stream)?;
+    if !config.acl.allows(&cred) {
+        return Err(join_err(
+            config,
+            format!(
+                "the coordinator at {} runs as uid {} gid {}, which the domain's ACL does not \
+                 allow: another user may be impersonating it; nothing was sent",
+                paths.socket_path().display(),
+                cred.uid,
+                cred.gid
+            ),
+        ));
+    }
     let io = |e: std::io::Error| join_err(config, format!("socket set-up: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(2)))
@@ -117,6 +139,9 @@ fn try_connect(
     req.extend_from_slice(&domain.to_le_bytes());
     req.extend_from_slice(&(member as u32).to_le_bytes());
     req.extend_from_slice(&generation.to_le_bytes());
+    req.extend_from_slice(&me.token.to_le_bytes());
+    req.extend_from_slice(&me.pid.to_le_bytes());
+    req.extend_from_slice(&me.pid_ns.to_le_bytes());
     let reply = netless_shm::send_frame(&stream, &req, &[])
         .and_then(|()| netless_shm::recv_frame(&stream, 1));
     let (payload, fds) = match reply {
@@ -163,39 +188,59 @@ fn try_connect(
 pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     config.geometry.validate()?;
     let paths = paths(config)?;
-    let members = open_lock_file(&paths.members)?;
+    let members = Arc::new(paths.open(&paths.members)?);
+    // Held from before we ask to join until this process leaves (or dies): the open file is
+    // shared by the membership and its domain thread, and closes when both are gone.
+    let me = Identity::this_process(random_token());
+    netless_shm::hold_liveness_token(&members, me.token)?;
+    let tokens = Tokens::new(members.clone());
     let deadline = Instant::now() + config.join_timeout;
     loop {
-        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths.socket, None)? {
+        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths, &me, None)? {
             let fd = fd.ok_or_else(|| join_err(config, "the coordinator passed no pool".into()))?;
             let map = Arc::new(PoolMap::attach(fd, None)?);
-            rustix::fs::flock(&members, FlockOperation::LockShared)
+            rustix::fs::flock(&*members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
             let link = Link::start(
                 config,
                 paths,
                 map.clone(),
-                members,
+                &tokens,
+                me,
                 member,
                 Role::Watch(stream),
             );
-            return Ok(Domain::from_parts(map, member, config, Some(link)));
+            return Ok(Domain::from_parts(
+                map,
+                member,
+                config,
+                Some(link),
+                tokens,
+                me.pid_ns,
+            ));
         }
-        let lock_file = open_lock_file(&paths.lock)?;
+        let lock_file = paths.open(&paths.lock)?;
         // With the domain's lock and no member holding the members file, nobody is a member:
         // found the domain. Members alive but no socket: one of them is taking over.
         if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive)
             && try_flock(&members, FlockOperation::NonBlockingLockExclusive)
         {
             let map = Arc::new(PoolMap::create(config.geometry, random_id())?);
-            let (member, _) = claim_row(&map, std::process::id(), None)
+            let (member, _) = claim_row(&map, me, None, &tokens)
                 .ok_or_else(|| join_err(config, "cannot claim a member row".into()))?;
-            rustix::fs::flock(&members, FlockOperation::LockShared)
+            rustix::fs::flock(&*members, FlockOperation::LockShared)
                 .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
-            let listener = bind(&paths.socket).map_err(|e| join_err(config, e))?;
+            let listener = bind(&paths).map_err(|e| join_err(config, e))?;
             let role = Role::Coordinate(lock_file, listener);
-            let link = Link::start(config, paths, map.clone(), members, member, role);
-            return Ok(Domain::from_parts(map, member, config, Some(link)));
+            let link = Link::start(config, paths, map.clone(), &tokens, me, member, role);
+            return Ok(Domain::from_parts(
+                map,
+                member,
+                config,
+                Some(link),
+                tokens,
+                me.pid_ns,
+            ));
         }
         drop(lock_file);
         if Instant::now() >= deadline {
@@ -204,7 +249,7 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
                 format!(
                     "no coordinator answered on {} within {:?} while members are alive: is \
                      a member process hung?",
-                    paths.socket.display(),
+                    paths.socket_path().display(),
                     config.join_timeout
                 ),
             ));
@@ -213,15 +258,26 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     }
 }
 
-fn bind(socket: &Path) -> Result<UnixListener, String> {
+fn bind(paths: &Paths) -> Result<UnixListener, String> {
     // We hold the domain's lock: any socket file there is a dead coordinator's.
-    let _ = std::fs::remove_file(socket);
-    let listener =
-        UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
+    let socket = paths.socket_path();
+    paths
+        .dir
+        .remove(&paths.socket)
+        .map_err(|e| format!("removing {}: {e}", socket.display()))?;
+    let listener = paths
+        .dir
+        .bind(&paths.socket)
+        .map_err(|e| format!("bind {}: {e}", socket.display()))?;
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("set_nonblocking: {e}"))?;
     Ok(listener)
+}
+
+/// A fresh liveness token: random, so no two processes of a domain pick the same one.
+fn random_token() -> u64 {
+    (random_id() & netless_shm::MAX_LIVENESS_TOKEN).max(1)
 }
 
 fn random_id() -> u64 {
@@ -264,10 +320,13 @@ struct Serve {
     config: DomainConfig,
     paths: Paths,
     map: Arc<PoolMap>,
+    /// The members file (this process's token is held on it) and the others' tokens.
+    tokens: Tokens,
+    /// This process, as its row names it.
+    me: Identity,
     member: usize,
     generation: u32,
     shared: Arc<LinkShared>,
-    _members: File,
 }
 
 impl Link {
@@ -289,7 +348,8 @@ impl Link {
         config: &DomainConfig,
         paths: Paths,
         map: Arc<PoolMap>,
-        members: File,
+        tokens: &Tokens,
+        me: Identity,
         member: usize,
         role: Role,
     ) -> Link {
@@ -299,10 +359,11 @@ impl Link {
             config: config.clone(),
             paths,
             map,
+            tokens: tokens.clone(),
+            me,
             member,
             generation,
             shared: shared.clone(),
-            _members: members,
         };
         let run: Box<dyn FnOnce() + Send> = match role {
             Role::Watch(stream) => {
@@ -355,7 +416,7 @@ impl Serve {
             }
             loop {
                 let rejoin = Some((self.map.domain_id(), self.member, self.generation));
-                match try_connect(&self.config, &self.paths.socket, rejoin) {
+                match try_connect(&self.config, &self.paths, &self.me, rejoin) {
                     Ok(Attempt::Joined(s, _, _)) => {
                         *lock(&self.shared.socket) = s.try_clone().ok();
                         stream = s;
@@ -369,9 +430,9 @@ impl Serve {
                         std::thread::sleep(Duration::from_millis(100));
                     }
                 }
-                if let Ok(lock_file) = open_lock_file(&self.paths.lock) {
+                if let Ok(lock_file) = self.paths.open(&self.paths.lock) {
                     if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
-                        match bind(&self.paths.socket) {
+                        match bind(&self.paths) {
                             Ok(listener) => {
                                 tracing::info!(
                                     "netless-pool: member {} took over domain `{}`",
@@ -397,7 +458,7 @@ impl Serve {
     fn coordinate(self, lock_file: File, listener: UnixListener) {
         let mut conns: Vec<(UnixStream, usize)> = Vec::new();
         let mut joins = Joins::new();
-        reap_dead_members(&self.map, Some(self.member));
+        reap_dead_members(&self.map, &self.tokens, Some(self.member));
         let mut last_sweep = Instant::now();
         while !self.stopping() {
             let mut fds = Vec::with_capacity(2 + conns.len());
@@ -425,8 +486,8 @@ impl Serve {
                     // Members never write after joining: readable means hung up.
                     if matches!((&*c).read(&mut byte), Ok(0) | Err(_)) {
                         gone.push(i);
-                        if !row_alive(&self.map, *m) {
-                            reap_dead_members(&self.map, Some(self.member));
+                        if !row_alive(&self.map, &self.tokens, *m) {
+                            reap_dead_members(&self.map, &self.tokens, Some(self.member));
                         }
                     }
                 }
@@ -443,13 +504,13 @@ impl Serve {
             conns.extend(joins.take_admitted());
             if last_sweep.elapsed() >= TICK {
                 last_sweep = Instant::now();
-                reap_dead_members(&self.map, Some(self.member));
+                reap_dead_members(&self.map, &self.tokens, Some(self.member));
             }
         }
         joins.stop();
         drop(joins.take_admitted());
         // Hand over: remove the socket while we hold the lock, then let the lock go.
-        let _ = std::fs::remove_file(&self.paths.socket);
+        let _ = self.paths.dir.remove(&self.paths.socket);
         drop(listener);
         drop(lock_file);
         self.shared.coordinator.store(false, Ordering::Release);
@@ -461,8 +522,9 @@ impl Serve {
 const MAX_JOINS: usize = 64;
 /// How long one whole join may take, however the joining process paces its bytes.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bytes of a join request.
-const JOIN_LEN: usize = 24;
+/// Bytes of a join request: magic, protocol, domain id, member row and generation (to
+/// rejoin), liveness token, pid and pid namespace.
+const JOIN_LEN: usize = 44;
 
 /// The joins in progress, each on a thread of its own with one deadline, so that a member
 /// that sends its request slowly (or not at all) holds up no one else's join, no hang-up and
@@ -496,13 +558,14 @@ impl Joins {
             return;
         };
         let (config, map, me) = (serve.config.clone(), serve.map.clone(), serve.member);
+        let tokens = serve.tokens.clone();
         let admitted = self.admitted.clone();
         let spawned = std::thread::Builder::new()
             .name("netless-pool-join".into())
             .stack_size(256 * 1024)
             .spawn(move || {
                 let deadline = Instant::now() + JOIN_TIMEOUT;
-                match admit(&config, &map, me, &stream, deadline) {
+                match admit(&config, (&map, &tokens), me, &stream, deadline) {
                     Some(member) => lock(&admitted).push((stream, member)),
                     // Shut down, not just closed: the coordinator holds a second handle.
                     None => {
@@ -545,7 +608,7 @@ fn refuse(stream: &UnixStream, why: &str, deadline: Instant) -> Option<usize> {
 /// `me` is the coordinator's own row.
 fn admit(
     config: &DomainConfig,
-    map: &PoolMap,
+    (map, tokens): (&PoolMap, &Tokens),
     me: usize,
     stream: &UnixStream,
     deadline: Instant,
@@ -570,9 +633,35 @@ fn admit(
     let domain = u64::from_le_bytes(req[8..16].try_into().ok()?);
     let member = u32::from_le_bytes(req[16..20].try_into().ok()?) as usize;
     let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
-    let pid = cred.pid.max(0) as u32;
+    let who = Identity {
+        token: u64::from_le_bytes(req[24..32].try_into().ok()?),
+        pid: u32::from_le_bytes(req[32..36].try_into().ok()?),
+        pid_ns: u64::from_le_bytes(req[36..44].try_into().ok()?),
+    };
+    // Its row is judged by its token from the moment it exists: the token must be held, in
+    // the file we see, by now.
+    if who.token == 0 || who.token > netless_shm::MAX_LIVENESS_TOKEN || !tokens.held(who.token) {
+        return refuse(
+            stream,
+            "the joining process holds no liveness token in the domain's members file we see \
+             (is the socket directory the same file system for both?)",
+            deadline,
+        );
+    }
+    // What the kernel says of a process of our own pid namespace beats what it claims.
+    let ours = pid_namespace();
+    if who.pid_ns == ours && ours != 0 && i64::from(who.pid) != i64::from(cred.pid) {
+        let why = format!(
+            "the joining process says it is pid {}, its socket says pid {}",
+            who.pid, cred.pid
+        );
+        return refuse(stream, &why, deadline);
+    }
     let (member, generation, pass_fd) = if member == u32::MAX as usize {
-        match claim_row(map, pid, Some(me)) {
+        if token_in_use(map, who.token) {
+            return refuse(stream, "liveness token already in use: retry", deadline);
+        }
+        match claim_row(map, who, Some(me), tokens) {
             Some((m, g)) => (m, g, true),
             None => {
                 let why = format!("the domain is full ({MAX_MEMBERS} members)");
@@ -584,7 +673,7 @@ fn admit(
         let expect = u64::from(generation) << 32 | member_state::ALIVE;
         if domain != map.domain_id()
             || row.state.load(Ordering::Acquire) != expect
-            || row.pid.load(Ordering::Acquire) != pid
+            || row.token.load(Ordering::Acquire) != who.token
         {
             return refuse(
                 stream,

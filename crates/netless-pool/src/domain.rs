@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::coordinator::Link;
 use crate::layout::{PoolGeometry, PoolMap, PAGE_SIZE};
+use crate::members::Tokens;
 use crate::{pages, PoolError, Ref, SharedBuf};
 
 mod page_ledger;
@@ -117,6 +118,11 @@ pub(crate) struct Membership {
     pub(crate) map: Arc<PoolMap>,
     pub(crate) member: usize,
     pub(crate) name: String,
+    /// The members file, on which this process holds its liveness token for as long as the
+    /// membership lasts, and through which it asks after the others'.
+    tokens: Tokens,
+    /// This process's pid namespace, as its row records it.
+    pid_ns: u64,
     holdings: Mutex<Holdings>,
     link: Mutex<Option<Link>>,
 }
@@ -193,10 +199,14 @@ impl Domain {
         member: usize,
         config: &DomainConfig,
         link: Option<Link>,
+        tokens: Tokens,
+        pid_ns: u64,
     ) -> Domain {
         Domain {
             membership: Arc::new(Membership {
                 name: config.name.clone(),
+                tokens,
+                pid_ns,
                 holdings: Mutex::new(Holdings {
                     ledger: PageLedger::new(map.clone(), member, config),
                     created_refs: CreatedRefs::new(map.clone(), member, config.ref_ttl),
@@ -263,20 +273,24 @@ impl Domain {
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
     }
 
-    /// Maps a Ref only if process `pid` created it: for a server that receives Refs from a
-    /// connection whose peer it knows (`SO_PEERCRED`), so a peer cannot make it map Refs
-    /// meant for someone else.
+    /// Maps a Ref only if process `pid` (as this process sees it: in its pid namespace)
+    /// created it: for a server that receives Refs from a connection whose peer it knows
+    /// (`SO_PEERCRED`), so a peer cannot make it map Refs meant for someone else.
     ///
     /// # Errors
     /// As [`Domain::map`], and [`PoolError::InvalidRef`] if another process created it.
     pub fn map_from(&self, r: &Ref, pid: u32) -> Result<SharedBuf, PoolError> {
-        let pages = self.membership.map_ref(r, Some(pid))?;
+        let from = (pid, self.membership.pid_ns);
+        let pages = self.membership.map_ref(r, Some(from))?;
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
     }
 
-    /// Whether process `pid` is a live member of this domain.
+    /// Whether process `pid`, as this process sees it (the pid `SO_PEERCRED` reports, in
+    /// this process's pid namespace), is a live member of this domain. A member of another
+    /// pid namespace is never found this way: its pid means another process here.
     pub fn has_member(&self, pid: u32) -> bool {
-        crate::members::has_live_pid(&self.membership.map, pid)
+        let m = &self.membership;
+        crate::members::has_live_pid(&m.map, &m.tokens, m.member, pid, m.pid_ns)
     }
 
     /// Revokes a Ref this process created and nobody mapped: its hold on the pages ends.
@@ -316,7 +330,8 @@ impl Domain {
     /// Releases the pool references of members that died, at once (the coordinator does this
     /// when it sees a member's socket close). Returns how many members were reaped.
     pub fn reap_dead(&self) -> usize {
-        crate::members::reap_dead_members(&self.membership.map, Some(self.membership.member))
+        let m = &self.membership;
+        crate::members::reap_dead_members(&m.map, &m.tokens, Some(m.member))
     }
 
     // ----- The DmRPC calls (DmRPC Table II), on top of the same machinery. -----
@@ -403,10 +418,10 @@ impl Membership {
             .create(&mut holdings.ledger, data_pages, len)
     }
 
-    /// Maps a Ref (created by process `from_pid`, if given): its slot is validated without the
-    /// lock, then taken under it.
-    pub(crate) fn map_ref(&self, r: &Ref, from_pid: Option<u32>) -> Result<Vec<u32>, PoolError> {
-        let slot = ValidatedSlot::read(&self.map, r, from_pid)?;
+    /// Maps a Ref (created by process `from`, a pid and its pid namespace, if given): its
+    /// slot is validated without the lock, then taken under it.
+    pub(crate) fn map_ref(&self, r: &Ref, from: Option<(u32, u64)>) -> Result<Vec<u32>, PoolError> {
+        let slot = ValidatedSlot::read(&self.map, r, from)?;
         let pages = slot.take(&mut self.holdings().ledger)?;
         self.row().refs_mapped.fetch_add(1, Ordering::Relaxed);
         Ok(pages)

@@ -30,7 +30,7 @@ pub(crate) const TABLE_ENTRIES: usize = PAGE_SIZE / 4;
 pub const MAX_REF_BYTES: usize = SLOT_TABLES * TABLE_ENTRIES * PAGE_SIZE;
 
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NLPOOL01");
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 const MEMBERS_OFFSET: usize = PAGE_SIZE;
 
 /// Holder bits of a page word (bits `MAX_MEMBERS..64` are never set by an honest member).
@@ -66,10 +66,11 @@ pub(crate) mod member_state {
 pub(crate) struct MemberRow {
     /// `generation << 32 | state`.
     pub state: AtomicU64,
-    /// The member's pid and its start time (clock ticks since boot, `/proc/PID/stat` field
-    /// 22): together a process identity that pid reuse cannot fake.
+    /// The member's pid in its own pid namespace, and that namespace (the inode of its
+    /// `/proc/self/ns/pid`, 0 if unknown): a process of that namespace that sees this pid
+    /// at the other end of a socket is this member.
     pub pid: AtomicU32,
-    pub start_time: AtomicU64,
+    pub pid_ns: AtomicU64,
     /// Bytes this member copied: copy-on-write page copies and `rread`/`rwrite`/by-value
     /// transfers (statistics, written only by the member).
     pub bytes_copied: AtomicU64,
@@ -79,6 +80,9 @@ pub(crate) struct MemberRow {
     pub refs_created: AtomicU64,
     /// Refs this member mapped.
     pub refs_mapped: AtomicU64,
+    /// The member's liveness token: the byte of the domain's `members` file it holds locked
+    /// while it runs (`members`).
+    pub token: AtomicU64,
 }
 const _: () = assert!(std::mem::size_of::<MemberRow>() == 64);
 

@@ -62,11 +62,14 @@ impl Domain {
         let map = std::sync::Arc::new(layout::PoolMap::create(geometry, 0)?);
         let member = 0;
         members::claim_private_row(&map, member);
+        let pid_ns = members::pid_namespace();
         Ok(Domain::from_parts(
             map,
             member,
             &DomainConfig::new("private"),
             None,
+            members::Tokens::private(),
+            pid_ns,
         ))
     }
 }

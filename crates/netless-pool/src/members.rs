@@ -5,48 +5,113 @@
 //! A row's state word runs FREE → JOINING → ALIVE, then back to FREE when the member leaves
 //! or through REAPING when it dies; its high 32 bits count reuses. A survivor reaps a dead
 //! row only after winning the compare-exchange to REAPING, and reaping is idempotent, so a
-//! reaper that dies midway is simply redone by the next. A member is alive while its pid
-//! runs with the start time recorded in its row: a reused pid never keeps a dead member's
-//! pages.
+//! reaper that dies midway is simply redone by the next.
+//!
+//! A member is alive while its liveness token is held: a byte of the domain's `members` file
+//! that the member locked before it joined and keeps locked while it runs
+//! (`netless_shm::hold_liveness_token`); the kernel drops the lock when it dies, however it
+//! dies. Any member asks the same file, so the answer is the same in every pid namespace:
+//! no pid is looked up in `/proc`, and none can be reused. Whatever cannot be answered counts
+//! as alive, so a live member's pages are never freed on doubt. A row also names its process
+//! as the process sees itself (its pid and pid namespace), so that a server can tell which
+//! member a socket's peer is, in the namespace both share.
 //!
 //! This module never talks on a socket or decides who may join (the coordinator does), and
 //! never touches a live member's private ledger of page uses (`domain` does); it frees pages
 //! only by clearing a member's holder bit (`pages::reap`).
 
+use std::fs::File;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::layout::{member_state, slot_parts, slot_state, slot_word, PoolMap, MAX_MEMBERS};
 use crate::pages;
 
-/// A process identity: pid and start time. `None` if the process is gone or a zombie.
-pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may contain anything, so parse after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
+/// Who a member row names: a process as it sees itself, and the token it holds while it
+/// lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// Its pid in its own pid namespace.
+    pub(crate) pid: u32,
+    /// That namespace: the inode of its `/proc/self/ns/pid` (0 if unknown).
+    pub(crate) pid_ns: u64,
+    /// Its liveness token (0: none, in a private pool).
+    pub(crate) token: u64,
+}
+
+impl Identity {
+    /// This process, holding `token`.
+    pub(crate) fn this_process(token: u64) -> Identity {
+        Identity {
+            pid: std::process::id(),
+            pid_ns: pid_namespace(),
+            token,
+        }
     }
-    // Field 22 overall is the 20th after the state (field 3).
-    fields.nth(18)?.parse().ok()
 }
 
-/// Whether the process recorded in row `member` still runs (same pid, same start time).
-pub(crate) fn row_alive(map: &PoolMap, member: usize) -> bool {
-    let row = &map.members()[member];
-    let pid = row.pid.load(Ordering::Acquire);
-    let start = row.start_time.load(Ordering::Acquire);
-    pid != 0 && process_start_time(pid) == Some(start)
+/// This process's pid namespace: the inode of `/proc/self/ns/pid` (which names the
+/// process's own namespace whichever procfs is mounted), or 0 if there is no `/proc`.
+pub(crate) fn pid_namespace() -> u64 {
+    rustix::fs::stat("/proc/self/ns/pid").map_or(0, |st| st.st_ino)
 }
 
-/// Whether process `pid` holds a live row (state ALIVE) of the table.
-pub(crate) fn has_live_pid(map: &PoolMap, pid: u32) -> bool {
+/// The domain's `members` file, through which members' liveness tokens are held and
+/// tested; none for a private pool, which no other process can join.
+#[derive(Clone, Debug)]
+pub(crate) struct Tokens(Option<Arc<File>>);
+
+impl Tokens {
+    pub(crate) fn new(members: Arc<File>) -> Tokens {
+        Tokens(Some(members))
+    }
+
+    pub(crate) fn private() -> Tokens {
+        Tokens(None)
+    }
+
+    /// Whether the holder of `token` still runs. False only when the kernel says nobody
+    /// holds it (or there is no token at all); a failed question counts as alive.
+    pub(crate) fn held(&self, token: u64) -> bool {
+        match &self.0 {
+            None => true,
+            Some(_) if token == 0 => false,
+            Some(file) => netless_shm::liveness_token_held(file, token).unwrap_or(true),
+        }
+    }
+}
+
+/// Whether the process recorded in row `member` still runs. Not for the caller's own row:
+/// its own open file does not see its own token.
+pub(crate) fn row_alive(map: &PoolMap, tokens: &Tokens, member: usize) -> bool {
+    tokens.held(map.members()[member].token.load(Ordering::Acquire))
+}
+
+/// Whether process `pid` of pid namespace `pid_ns` (as the caller, in that namespace, sees
+/// it) holds a live row (state ALIVE) of the table; `me` is the caller's own row.
+pub(crate) fn has_live_pid(
+    map: &PoolMap,
+    tokens: &Tokens,
+    me: usize,
+    pid: u32,
+    pid_ns: u64,
+) -> bool {
     pid != 0
-        && map.members().iter().any(|m| {
-            m.state.load(Ordering::Acquire) & 0xff == member_state::ALIVE
-                && m.pid.load(Ordering::Acquire) == pid
+        && pid_ns != 0
+        && map.members().iter().enumerate().any(|(m, row)| {
+            row.state.load(Ordering::Acquire) & 0xff == member_state::ALIVE
+                && row.pid.load(Ordering::Acquire) == pid
+                && row.pid_ns.load(Ordering::Acquire) == pid_ns
+                && (m == me || row_alive(map, tokens, m))
         })
+}
+
+/// Whether a row in use (not FREE) already names `token`.
+pub(crate) fn token_in_use(map: &PoolMap, token: u64) -> bool {
+    map.members().iter().any(|row| {
+        row.state.load(Ordering::Acquire) & 0xff != member_state::FREE
+            && row.token.load(Ordering::Acquire) == token
+    })
 }
 
 /// Rows in state ALIVE (a statistic: a snapshot, not synchronised with joins or deaths).
@@ -86,6 +151,8 @@ pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
     let word = row.state.load(Ordering::Acquire);
     let free = (word >> 32) << 32 | member_state::FREE;
     row.pid.store(0, Ordering::Relaxed);
+    row.pid_ns.store(0, Ordering::Relaxed);
+    row.token.store(0, Ordering::Relaxed);
     // Exactly the word we (the reaper, or the leaving member) own: never overwrite a row that
     // someone else has since changed.
     if row
@@ -102,7 +169,7 @@ pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
 
 /// Reaps every member row whose process is gone; `me` (this process's row, if any) is
 /// recorded as the reaper. Returns how many rows were reaped.
-pub(crate) fn reap_dead_members(map: &PoolMap, me: Option<usize>) -> usize {
+pub(crate) fn reap_dead_members(map: &PoolMap, tokens: &Tokens, me: Option<usize>) -> usize {
     let mut reaped = 0;
     let reaper = me.unwrap_or(0xff) as u64;
     for (m, row) in map.members().iter().enumerate() {
@@ -117,11 +184,11 @@ pub(crate) fn reap_dead_members(map: &PoolMap, me: Option<usize>) -> usize {
             // but never alongside a live reaper (it would clear a reused row's bit).
             member_state::REAPING => {
                 let by = ((word >> 8) & 0xff) as usize;
-                by < MAX_MEMBERS && Some(by) != me && !row_alive(map, by)
+                by < MAX_MEMBERS && Some(by) != me && !row_alive(map, tokens, by)
             }
             _ => false,
         };
-        if candidate && !row_alive(map, m) {
+        if candidate && !row_alive(map, tokens, m) {
             let won = row
                 .state
                 .compare_exchange(
@@ -140,9 +207,13 @@ pub(crate) fn reap_dead_members(map: &PoolMap, me: Option<usize>) -> usize {
     reaped
 }
 
-/// Claims a free member row for process `pid`.
-pub(crate) fn claim_row(map: &PoolMap, pid: u32, me: Option<usize>) -> Option<(usize, u32)> {
-    let start = process_start_time(pid)?;
+/// Claims a free member row for process `who`.
+pub(crate) fn claim_row(
+    map: &PoolMap,
+    who: Identity,
+    me: Option<usize>,
+    tokens: &Tokens,
+) -> Option<(usize, u32)> {
     for _ in 0..2 {
         for (m, row) in map.members().iter().enumerate() {
             let word = row.state.load(Ordering::Acquire);
@@ -156,8 +227,9 @@ pub(crate) fn claim_row(map: &PoolMap, pid: u32, me: Option<usize>) -> Option<(u
                 .compare_exchange(word, joining, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                row.pid.store(pid, Ordering::Relaxed);
-                row.start_time.store(start, Ordering::Relaxed);
+                row.pid.store(who.pid, Ordering::Relaxed);
+                row.pid_ns.store(who.pid_ns, Ordering::Relaxed);
+                row.token.store(who.token, Ordering::Relaxed);
                 for c in [
                     &row.bytes_copied,
                     &row.pages_copied,
@@ -184,7 +256,7 @@ pub(crate) fn claim_row(map: &PoolMap, pid: u32, me: Option<usize>) -> Option<(u
                 }
             }
         }
-        reap_dead_members(map, me);
+        reap_dead_members(map, tokens, me);
     }
     None
 }
@@ -193,10 +265,9 @@ pub(crate) fn claim_row(map: &PoolMap, pid: u32, me: Option<usize>) -> Option<(u
 /// alive.
 pub(crate) fn claim_private_row(map: &PoolMap, member: usize) {
     let row = &map.members()[member];
-    let pid = std::process::id();
-    row.pid.store(pid, Ordering::Relaxed);
-    row.start_time
-        .store(process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
+    let me = Identity::this_process(0);
+    row.pid.store(me.pid, Ordering::Relaxed);
+    row.pid_ns.store(me.pid_ns, Ordering::Relaxed);
     row.state
         .store(1 << 32 | member_state::ALIVE, Ordering::Release);
 }

@@ -1219,7 +1219,7 @@ fn a_trickled_join_holds_up_no_one_and_is_cut_off() {
     let mut trickler = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     let mut writer = trickler.try_clone().unwrap();
     let trickling = std::thread::spawn(move || {
-        let _ = writer.write_all(&24u32.to_le_bytes());
+        let _ = writer.write_all(&44u32.to_le_bytes());
         for _ in 0..40 {
             if writer.write_all(&[1]).is_err() {
                 return;

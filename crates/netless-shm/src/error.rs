@@ -126,6 +126,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// A live process holds the name a server asked for.
+    #[error(
+        "{path:?} is already served by a live process (it holds the name's lock file): stop \
+         that server, or pick another name"
+    )]
+    AlreadyServed {
+        /// The socket's path.
+        path: PathBuf,
+    },
+
     /// A CPU index is out of range or not allowed for this thread.
     #[error(
         "cannot pin to CPU {cpu}: {reason}; choose one of the CPUs this process may use \

@@ -1,7 +1,7 @@
 //! The OS layer of netless: sealed `memfd` segments, file-descriptor passing over Unix
-//! sockets, peer credentials and ACLs, the per-user socket directory, process-shared futexes,
-//! CPU pinning, the host-wide monotonic clock, and bulk copies that stay fast at every
-//! alignment.
+//! sockets, peer credentials and ACLs, the checked socket directory and the one server per
+//! name in it, liveness tokens, process-shared futexes, CPU pinning, the host-wide monotonic
+//! clock, and bulk copies that stay fast at every alignment.
 //!
 //! This crate owns every system call netless makes for its shared-memory transport and
 //! exposes them as safe functions. It never interprets the bytes inside a segment: rings,
@@ -30,8 +30,10 @@ pub mod copy;
 mod error;
 mod fdpass;
 mod futex;
+mod liveness;
 mod peercred;
 mod segment;
+mod socket_claim;
 mod socket_dir;
 pub mod sync;
 
@@ -40,6 +42,10 @@ pub use clock::{instant_to_monotonic_ns, monotonic_ns, monotonic_ns_to_instant};
 pub use error::Error;
 pub use fdpass::{recv_frame, recv_frame_by, send_frame, send_frame_by, MAX_FDS, MAX_FRAME};
 pub use futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
+pub use liveness::{hold_liveness_token, liveness_token_held, MAX_LIVENESS_TOKEN};
 pub use peercred::{peer_cred, Acl, PeerCred};
 pub use segment::{Published, PublishedView, Segment};
-pub use socket_dir::{nobody_listens, service_socket_path, socket_dir, MAX_SERVICE_NAME};
+pub use socket_claim::SocketClaim;
+pub use socket_dir::{
+    nobody_listens, service_socket_path, socket_dir, SocketDir, MAX_SERVICE_NAME,
+};

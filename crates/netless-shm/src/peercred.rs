@@ -4,9 +4,10 @@
 //! at the other end of a Unix socket and decides whether an [`Acl`] admits it. It never
 //! closes or answers the socket: the RPC layer acts on the decision.
 
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use rustix::process::{geteuid, Pid};
+use rustix::process::geteuid;
 
 use crate::Error;
 
@@ -24,6 +25,9 @@ pub struct PeerCred {
 
 /// Reads the peer's credentials with `SO_PEERCRED`.
 ///
+/// A peer whose pid does not exist in our pid namespace (it lives in an ancestor or
+/// unrelated one) is reported with pid 0; its uid and gid are still the kernel's.
+///
 /// # Errors
 /// [`Error::Io`] if the socket is not a connected Unix socket.
 ///
@@ -36,12 +40,35 @@ pub struct PeerCred {
 /// # Ok::<(), netless_shm::Error>(())
 /// ```
 pub fn peer_cred(sock: &UnixStream) -> Result<PeerCred, Error> {
-    let ucred = rustix::net::sockopt::socket_peercred(sock)
-        .map_err(Error::os("getsockopt(SO_PEERCRED)"))?;
+    // Not rustix's `socket_peercred`: its pid type cannot be 0, so it fails for a peer
+    // outside our pid namespace, whose uid we still need.
+    let mut ucred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the descriptor is open (borrowed from `sock`) and `ucred`/`len` are live,
+    // writable and sized as SO_PEERCRED requires; the kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut ucred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(Error::Io {
+            op: "getsockopt(SO_PEERCRED)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
     Ok(PeerCred {
-        pid: Pid::as_raw(Some(ucred.pid)),
-        uid: ucred.uid.as_raw(),
-        gid: ucred.gid.as_raw(),
+        pid: ucred.pid,
+        uid: ucred.uid,
+        gid: ucred.gid,
     })
 }
 

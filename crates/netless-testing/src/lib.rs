@@ -1,6 +1,7 @@
 //! What the workspace's multi-process integration tests share: a private temp directory for
-//! each test, and a real executable (`netless`, a benchmark binary) run as a process with
-//! bounded waits only. It never decides what a test asserts.
+//! each test, a real executable (`netless`, a benchmark binary) run as a process with
+//! bounded waits only, and a peer made pid 1 of a pid namespace of its own (`namespace`).
+//! It never decides what a test asserts.
 //!
 //! Processes are started in their own process group so that a hung command can be killed
 //! together with any peers it spawned (the benchmarks start several), and so that peers
@@ -18,6 +19,10 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde_json::Value;
+
+mod namespace;
+
+pub use namespace::{in_new_pid_namespace, pid_namespace};
 
 /// How long a short command (ping, stat, ctl, a usage error) may take before it counts as hung.
 pub const SHORT: Duration = Duration::from_secs(30);

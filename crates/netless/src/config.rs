@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use netless_ring::WaitPolicy;
-use netless_shm::Acl;
+use netless_shm::{Acl, SocketDir};
 
 use crate::slo::Slo;
-use crate::status::Status;
+use crate::status::{Code, Status};
 
 /// Default largest message, either direction: 4 MiB, as gRPC.
 pub const DEFAULT_MAX_MESSAGE: usize = 4 * 1024 * 1024;
@@ -92,7 +92,9 @@ pub struct ServerConfig {
     pub max_connections: u32,
     /// Who may connect (checked with `SO_PEERCRED` before any fd is passed).
     pub acl: Acl,
-    /// Socket directory; `None` means [`netless_shm::socket_dir`].
+    /// Socket directory; `None` means [`netless_shm::socket_dir`]. Either way it is
+    /// checked before use (see [`netless_shm::SocketDir`]): not a symbolic link, owned by
+    /// us or by root, and writable by its owner alone.
     pub dir: Option<PathBuf>,
     /// CPUs to pin worker `i` to (`pin_cpus[i % len]`); empty means no pinning.
     pub pin_cpus: Vec<usize>,
@@ -342,8 +344,16 @@ pub struct ClientConfig {
     pub max_in_flight: u32,
     /// Largest response accepted; the server's own limit applies to requests.
     pub max_message: usize,
-    /// Socket directory; `None` means [`netless_shm::socket_dir`].
+    /// Socket directory; `None` means [`netless_shm::socket_dir`]. Either way it is
+    /// checked before use (see [`netless_shm::SocketDir`]): not a symbolic link, owned by
+    /// us, by root or by `expect_server_uid`, and writable by its owner alone.
     pub dir: Option<PathBuf>,
+    /// The uid the server must run as, checked (`SO_PEERCRED`) as soon as the socket
+    /// connects, before anything is sent; a server of another uid fails the connection with
+    /// `PERMISSION_DENIED`. `None`: the socket directory's owner (our own uid, unless the
+    /// directory is root's). Set it to reach a server of another user, in a directory that
+    /// user owns.
+    pub expect_server_uid: Option<u32>,
     /// How long connecting may take.
     pub connect_timeout: Duration,
     /// Deadline applied to calls that set none; `None` waits as long as the server lives.
@@ -366,6 +376,7 @@ impl Default for ClientConfig {
             max_in_flight: 256,
             max_message: DEFAULT_MAX_MESSAGE,
             dir: None,
+            expect_server_uid: None,
             connect_timeout: Duration::from_secs(5),
             default_timeout: None,
             domain: None,
@@ -401,15 +412,35 @@ impl ClientConfig {
     /// Where `service`'s socket is (or would be) under this configuration: a missing file
     /// means no server serves that name.
     pub fn socket_path(&self, service: &str) -> Result<PathBuf, Status> {
-        Ok(resolve_socket(self.dir.as_deref(), service)?.1)
+        let dir = self.socket_dir()?;
+        Ok(dir.path().join(socket_name(dir.path(), service, None)?))
+    }
+
+    /// The socket directory, opened and checked, trusting a directory of the expected
+    /// server's uid.
+    pub(crate) fn socket_dir(&self) -> Result<SocketDir, Status> {
+        let trusted: &[u32] = match &self.expect_server_uid {
+            Some(uid) => std::slice::from_ref(uid),
+            None => &[],
+        };
+        socket_dir(self.dir.as_deref(), trusted)
     }
 }
 
-/// The socket of replica `n` of `service` in `dir` (validated like the service's own).
-pub(crate) fn replica_socket(dir: &Path, service: &str, n: u32) -> Result<PathBuf, Status> {
+/// The socket file name of `service`, or of its replica `n` (`SERVICE#N.sock`), in `dir`,
+/// validated like the service's name and checked to fit in a socket address.
+pub(crate) fn socket_name(
+    dir: &Path,
+    service: &str,
+    replica: Option<u32>,
+) -> Result<String, Status> {
     let plain = netless_shm::service_socket_path(dir, service)
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    let path = dir.join(format!("{service}#{n}.sock"));
+    let Some(n) = replica else {
+        return Ok(format!("{service}.sock"));
+    };
+    let name = format!("{service}#{n}.sock");
+    let path = dir.join(&name);
     // 107: a Unix socket path's limit (sun_path less its NUL).
     if plain.as_os_str().len() > 107 || path.as_os_str().len() > 107 {
         return Err(Status::invalid_argument(format!(
@@ -417,7 +448,7 @@ pub(crate) fn replica_socket(dir: &Path, service: &str, n: u32) -> Result<PathBu
             path.display()
         )));
     }
-    Ok(path)
+    Ok(name)
 }
 
 /// Which server of `service` a socket file name in the socket directory belongs to.
@@ -450,19 +481,16 @@ pub fn replica_of(file_name: &str, service: &str) -> Option<Option<u32>> {
         .flatten()
 }
 
-/// The socket directory (`dir`, or the default one) and the path of `service`'s socket in it.
-pub(crate) fn resolve_socket(
-    dir: Option<&Path>,
-    service: &str,
-) -> Result<(PathBuf, PathBuf), Status> {
-    let dir = match dir {
-        Some(d) => d.to_path_buf(),
-        None => netless_shm::socket_dir()
-            .map_err(|e| Status::unavailable(format!("socket directory: {e}")))?,
-    };
-    let path = netless_shm::service_socket_path(&dir, service)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok((dir, path))
+/// The socket directory `dir` names (or the default one), opened and checked, trusting a
+/// directory owned by one of `trusted` besides ours and root's.
+pub(crate) fn socket_dir(dir: Option<&Path>, trusted: &[u32]) -> Result<SocketDir, Status> {
+    SocketDir::resolve(dir, trusted).map_err(|e| match e {
+        // Refused as untrustworthy: nothing to retry until someone fixes the directory.
+        netless_shm::Error::SocketDir { .. } => {
+            Status::new(Code::FailedPrecondition, format!("socket directory: {e}"))
+        }
+        e => Status::unavailable(format!("socket directory: {e}")),
+    })
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! Pass by reference on the raw path: a client and a server process in one page-pool domain
-//! send large payloads as Refs, invisibly to both; outside a shared domain they go by value.
+//! send large payloads as Refs, invisibly to both; outside a shared domain, or across pid
+//! namespaces, they go by value.
 
 mod common;
 
 use std::io::{BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use common::*;
@@ -129,6 +131,61 @@ fn different_domains_fall_back_to_by_value() {
         ours.stats().bytes_copied,
         0,
         "nothing went through our pool"
+    );
+    drop(client);
+    drop(child.stdin.take());
+    let _ = out.read_to_end(&mut Vec::new());
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_server_in_another_pid_namespace_gets_large_payloads_by_value() {
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("SKIPPED: creating a pid namespace needs root");
+        return;
+    }
+    let dir = TestDir::new("byns");
+    let service = "test.ByNs";
+    let domain = Domain::join(&domain_config(dir.path(), "d2")).unwrap();
+    // The server, in the same domain, runs as pid 1 of a pid namespace of its own: it knows
+    // members by the pid its socket reports, and ours means nothing there.
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "by_ref_peer",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE, "d2")
+    .env(DIR, dir.path())
+    .env(SERVICE, service)
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .process_group(0);
+    let mut child = match netless_testing::in_new_pid_namespace(&mut cmd).spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot create a pid namespace with its own /proc here: {e}");
+            return;
+        }
+    };
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    wait_for_line(&mut out, "READY");
+    assert_eq!(domain.stats().members, 2, "the server joined our domain");
+    let config = netless::ClientConfig {
+        domain: Some(domain.clone()),
+        ..client_config(dir.path())
+    };
+    let client = Client::connect_with(service, config).unwrap();
+    let payload: Vec<u8> = (0..300_000).map(|j| (j * 13) as u8).collect();
+    let opts = CallOptions::new().timeout(Duration::from_secs(20));
+    let reply = client.call("Digest", &payload, &opts).unwrap();
+    assert_eq!(reply.payload, expected(&payload));
+    assert_eq!(
+        domain.stats().bytes_copied,
+        0,
+        "nothing went through the pool"
     );
     drop(client);
     drop(child.stdin.take());

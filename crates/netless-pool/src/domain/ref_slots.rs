@@ -295,12 +295,12 @@ pub(super) struct ValidatedSlot<'pool> {
 
 impl<'pool> ValidatedSlot<'pool> {
     /// Reads the slot of `r` and validates every word of it: its domain, its creator (who
-    /// must be process `from_pid`, if given), its generation and state, its lengths, and that
+    /// must be process `from`, a pid in its pid namespace, if given), its generation and state, its lengths, and that
     /// the creator holds each listed page.
     pub(super) fn read(
         map: &'pool PoolMap,
         r: &Ref,
-        from_pid: Option<u32>,
+        from: Option<(u32, u64)>,
     ) -> Result<ValidatedSlot<'pool>, PoolError> {
         if r.domain != map.domain_id() {
             return Err(PoolError::ForeignRef {
@@ -319,9 +319,11 @@ impl<'pool> ValidatedSlot<'pool> {
                 "its slot names creator {creator}, beyond the member table"
             )));
         }
-        if let Some(pid) = from_pid {
+        if let Some((pid, pid_ns)) = from {
             let row = &map.members()[creator];
             if row.pid.load(Ordering::Acquire) != pid
+                || row.pid_ns.load(Ordering::Acquire) != pid_ns
+                || pid_ns == 0
                 || row.state.load(Ordering::Acquire) & 0xff != member_state::ALIVE
             {
                 return Err(PoolError::InvalidRef(format!(

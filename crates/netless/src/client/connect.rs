@@ -1,37 +1,39 @@
 //! Connecting: the client's half of the handshake over the service's Unix socket (our
 //! connection segment out, our trust group's replica segment and the server's read-only
-//! control segment in), and the checks of what the server sent before anything of it is
+//! control segment in), and the checks of who serves it (the uid the kernel reports for the
+//! socket) and of what the server sent, before anything is sent to it or anything of it is
 //! used.
 
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use netless_shm::{recv_frame_by, send_frame};
+use netless_shm::{peer_cred, recv_frame_by, send_frame, PeerCred, SocketDir};
 
 use super::connection::Handshaken;
 use crate::config::ClientConfig;
 use crate::segment::{ConnSegment, ControlSegment, ReplicaSegment};
-use crate::status::Status;
+use crate::status::{Code, Status};
 use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
 use crate::wire::header::HEADER_LEN;
 
 /// Longest handshake frame read from a server (a `Reject` carries a status message).
 const MAX_HANDSHAKE_FRAME: usize = 64 * 1024;
 
-/// Connects to the server listening at `path` (a replica's socket in `dir`) as `service`.
+/// Connects to the server listening on socket `name` (a replica's) in `dir` as `service`.
 pub(super) fn handshake(
     service: &str,
-    dir: PathBuf,
-    path: &Path,
+    dir: &SocketDir,
+    name: &str,
     config: ClientConfig,
 ) -> Result<Handshaken, Status> {
+    let path = dir.path().join(name);
     let not_found = || {
         Status::unavailable(format!(
                 "service `{service}` not found in {}: is its server running? (set NETLESS_DIR if it uses another directory)",
-                dir.display()
+                dir.path().display()
             ))
     };
-    let socket = match UnixStream::connect(path) {
+    let socket = match dir.connect(name) {
         Ok(s) => s,
         Err(e) if netless_shm::nobody_listens(&e) => return Err(not_found()),
         Err(e) => {
@@ -41,6 +43,7 @@ pub(super) fn handshake(
             )))
         }
     };
+    let server = check_server(service, &path, dir, &socket, &config)?;
     let timeout = Some(config.connect_timeout);
     let io = |e: std::io::Error| Status::unavailable(format!("connecting to `{service}`: {e}"));
     socket.set_read_timeout(timeout).map_err(io)?;
@@ -122,14 +125,17 @@ pub(super) fn handshake(
         )));
     }
     let fragment_body = max_run * block - HEADER_LEN;
-    // Pass by reference only when both sides map the same pool.
-    let pool = config
-        .domain
-        .clone()
-        .filter(|d| server_domain != 0 && d.id() == server_domain);
+    // Pass by reference only when both sides map the same pool, and the server is a member
+    // we see in our own pid namespace: only then does the server see us as one (it knows
+    // members by the pid its socket reports), and accept our Refs.
+    let pool = config.domain.clone().filter(|d| {
+        server_domain != 0
+            && d.id() == server_domain
+            && u32::try_from(server.pid).is_ok_and(|pid| d.has_member(pid))
+    });
     Ok(Handshaken {
         service: service.to_string(),
-        dir,
+        dir: dir.path().to_owned(),
         pool,
         replica,
         segment,
@@ -141,4 +147,36 @@ pub(super) fn handshake(
         socket,
         config,
     })
+}
+
+/// Checks that the process serving `path` runs as the uid this client expects (the socket's
+/// `SO_PEERCRED`, recorded by the kernel when the server started listening), before
+/// anything is sent to it; returns its credentials.
+fn check_server(
+    service: &str,
+    path: &Path,
+    dir: &SocketDir,
+    socket: &UnixStream,
+    config: &ClientConfig,
+) -> Result<PeerCred, Status> {
+    let server = peer_cred(socket)
+        .map_err(|e| Status::unavailable(format!("connecting to `{service}`: {e}")))?;
+    let (expected, why) = match config.expect_server_uid {
+        Some(uid) => (uid, "ClientConfig::expect_server_uid"),
+        None => (dir.owner(), "the socket directory's owner"),
+    };
+    if server.uid != expected {
+        return Err(Status::new(
+            Code::PermissionDenied,
+            format!(
+                "service `{service}` at {} is served by uid {}, not by uid {expected} ({why}): \
+                 another user may be impersonating it, so nothing was sent; if that user's \
+                 server is the one you mean, set ClientConfig::expect_server_uid to {}",
+                path.display(),
+                server.uid,
+                server.uid
+            ),
+        ));
+    }
+    Ok(server)
 }

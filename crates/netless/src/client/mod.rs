@@ -19,12 +19,13 @@
 
 use std::future::Future;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
-use crate::config::{resolve_socket, ClientConfig};
+use netless_shm::SocketDir;
+
+use crate::config::{socket_name, ClientConfig};
 use crate::segment::WakeSource;
 use crate::status::Status;
 use crate::sync::Ordering;
@@ -78,10 +79,15 @@ impl Client {
     }
 
     /// Connects to `service` with `config`.
+    ///
+    /// The socket directory is checked first ([`ClientConfig::dir`]), and the server's uid
+    /// as soon as the socket connects ([`ClientConfig::expect_server_uid`]): a server of
+    /// another user fails with `PERMISSION_DENIED` before anything is sent.
     pub fn connect_with(service: &str, config: ClientConfig) -> Result<Client, Status> {
         config.validate()?;
-        let (dir, path) = resolve_socket(config.dir.as_deref(), service)?;
-        Client::connect_at(service, dir, &path, config)
+        let dir = config.socket_dir()?;
+        let name = socket_name(dir.path(), service, None)?;
+        Client::connect_at(service, &dir, &name, config)
     }
 
     /// Connects to replica `replica` of `service` (the server bound with
@@ -92,20 +98,20 @@ impl Client {
         config: ClientConfig,
     ) -> Result<Client, Status> {
         config.validate()?;
-        let (dir, _) = resolve_socket(config.dir.as_deref(), service)?;
-        let path = crate::config::replica_socket(&dir, service, replica)?;
-        Client::connect_at(&format!("{service}#{replica}"), dir, &path, config)
+        let dir = config.socket_dir()?;
+        let name = socket_name(dir.path(), service, Some(replica))?;
+        Client::connect_at(&format!("{service}#{replica}"), &dir, &name, config)
     }
 
-    /// Connects to the server listening at `path` (a replica's socket in `dir`).
+    /// Connects to the server listening on socket `name` (a replica's) in `dir`.
     pub(crate) fn connect_at(
         service: &str,
-        dir: PathBuf,
-        path: &std::path::Path,
+        dir: &SocketDir,
+        name: &str,
         config: ClientConfig,
     ) -> Result<Client, Status> {
         let shared = Arc::new(Connection::new(connect::handshake(
-            service, dir, path, config,
+            service, dir, name, config,
         )?));
         let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
             .map_err(|e| Status::resource_exhausted(format!("eventfd: {e}")))?;

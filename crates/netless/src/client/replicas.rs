@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use super::call::{CallOptions, Reply};
 use super::Client;
-use crate::config::{replica_of, resolve_socket, ClientConfig, RetryPolicy};
+use crate::config::{replica_of, socket_name, ClientConfig, RetryPolicy};
 use crate::status::Status;
 
 /// Connections to every replica of a service, with power-of-two-choices selection.
@@ -59,11 +59,12 @@ impl Replicas {
     /// Re-reads the socket directory: connects to new replicas, drops closed connections.
     /// Returns how many replicas are connected; `UNAVAILABLE` if none.
     pub fn refresh(&self) -> Result<usize, Status> {
-        let (dir, _) = resolve_socket(self.config.dir.as_deref(), &self.service)?;
-        let mut found: Vec<Option<u32>> = std::fs::read_dir(&dir)
-            .map_err(|e| Status::unavailable(format!("cannot list {}: {e}", dir.display())))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| replica_of(e.file_name().to_str()?, &self.service))
+        let dir = self.config.socket_dir()?;
+        let mut found: Vec<Option<u32>> = dir
+            .sockets()
+            .map_err(|e| Status::unavailable(format!("cannot list {}: {e}", dir.path().display())))?
+            .iter()
+            .filter_map(|name| replica_of(name, &self.service))
             .collect();
         found.sort();
         let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
@@ -73,11 +74,8 @@ impl Replicas {
             if members.iter().any(|m| m.replica == replica) {
                 continue;
             }
-            let path = match replica {
-                Some(n) => crate::config::replica_socket(&dir, &self.service, n)?,
-                None => resolve_socket(Some(&dir), &self.service)?.1,
-            };
-            match Client::connect_at(&self.service, dir.clone(), &path, self.config.clone()) {
+            let name = socket_name(dir.path(), &self.service, replica)?;
+            match Client::connect_at(&self.service, &dir, &name, self.config.clone()) {
                 Ok(client) => members.push(Member { replica, client }),
                 // A stale socket of a dead replica: skip it.
                 Err(e) => last_error = Some(e),
@@ -88,7 +86,7 @@ impl Replicas {
                 Status::unavailable(format!(
                     "no replica of service `{}` found in {}: is a server running? (set NETLESS_DIR if it uses another directory)",
                     self.service,
-                    dir.display()
+                    dir.path().display()
                 ))
             }));
         }

@@ -25,13 +25,14 @@
 #![deny(unsafe_code)]
 
 use std::os::fd::OwnedFd;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use crate::config::{replica_socket, resolve_socket, Provisioning, ServerConfig};
+use netless_shm::SocketClaim;
+
+use crate::config::{socket_dir, socket_name, Provisioning, ServerConfig};
 use crate::segment::layout::provisioning;
 use crate::segment::{ControlSegment, ReplicaSpec};
 use crate::status::{Code, Status};
@@ -113,35 +114,42 @@ pub struct Server {
     state: Arc<ServerState>,
     threads: Vec<JoinHandle<()>>,
     stop: OwnedFd,
+    /// The service's name in the socket directory: its lock and socket, released (the
+    /// socket removed if still ours) when the server stops.
+    claim: Option<SocketClaim>,
 }
 
 impl Server {
     /// Binds `service` and starts serving it with `handler`.
     ///
     /// Fails with `ALREADY_EXISTS` if a live server already serves that name in the socket
-    /// directory (a stale socket from a dead server is replaced).
+    /// directory (a stale socket from a dead server is replaced): the name is held by an
+    /// exclusive lock on `NAME.sock.lock` for as long as the server runs, so two servers
+    /// starting together cannot both take it. `FAILED_PRECONDITION` if the socket directory
+    /// is not to be trusted (see [`ServerConfig::dir`]).
     pub fn bind(
         service: &str,
         config: ServerConfig,
         handler: impl Handler,
     ) -> Result<Server, Status> {
         config.validate()?;
-        let (dir, mut socket_path) = resolve_socket(config.dir.as_deref(), service)?;
-        if let Some(n) = config.replica {
-            socket_path = replica_socket(&dir, service, n)?;
-        }
-        if socket_path.exists() {
-            if UnixStream::connect(&socket_path).is_ok() {
-                return Err(Status::new(
-                    Code::AlreadyExists,
-                    format!(
-                        "service `{service}` is already served at {}: stop that server or pick another name",
-                        socket_path.display()
-                    ),
-                ));
-            }
-            let _ = std::fs::remove_file(&socket_path);
-        }
+        let dir = socket_dir(config.dir.as_deref(), &[])?;
+        let name = socket_name(dir.path(), service, config.replica)?;
+        // The name first: a second server of it fails before it builds anything.
+        let (claim, listener) = SocketClaim::bind(&dir, &name).map_err(|e| match e {
+            netless_shm::Error::AlreadyServed { path } => Status::new(
+                Code::AlreadyExists,
+                format!(
+                    "service `{service}` is already served at {}: stop that server or pick another name",
+                    path.display()
+                ),
+            ),
+            e => Status::unavailable(format!(
+                "cannot bind {}: {e}",
+                dir.path().join(&name).display()
+            )),
+        })?;
+        let socket_path = claim.socket_path();
         let part_blocks = (config.partition_bytes() / config.block_size as usize) as u32;
         let spec = ReplicaSpec {
             block_size: config.block_size,
@@ -173,9 +181,6 @@ impl Server {
                 .store(limit, Ordering::Relaxed);
         }
         crate::control::init(control.server_control(), &config);
-        let listener = UnixListener::bind(&socket_path).map_err(|e| {
-            Status::unavailable(format!("cannot bind {}: {e}", socket_path.display()))
-        })?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Status::internal(format!("listener: {e}")))?;
@@ -183,14 +188,12 @@ impl Server {
         // on every connection, is what keeps everyone else out.
         let me = rustix::process::geteuid().as_raw();
         if config.acl.uids().iter().any(|&u| u != me) || !config.acl.gids().is_empty() {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o666))
-                .map_err(|e| {
-                    Status::unavailable(format!(
-                        "cannot open {} to the other users the ACL admits: {e}",
-                        socket_path.display()
-                    ))
-                })?;
+            claim.set_socket_mode(0o666).map_err(|e| {
+                Status::unavailable(format!(
+                    "cannot open {} to the other users the ACL admits: {e}",
+                    socket_path.display()
+                ))
+            })?;
         }
         let state = Arc::new_cyclic(|this| ServerState {
             this: this.clone(),
@@ -222,6 +225,7 @@ impl Server {
             state,
             threads: Vec::new(),
             stop,
+            claim: Some(claim),
         };
         for worker in 0..server.state.config.workers {
             let state = server.state.clone();
@@ -326,7 +330,7 @@ impl Server {
                 self.state.service
             )));
         }
-        let _ = std::fs::remove_file(&self.state.socket_path);
+        drop(self.claim.take());
     }
 }
 
