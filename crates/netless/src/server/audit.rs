@@ -10,7 +10,8 @@
 //!
 //! A round reads every word of every table, so it runs when it may find something: a client
 //! was refused for want of blocks (a group's NACK count moved), a connection ended in the
-//! last second (its last claims may race its reclaiming), or a few seconds passed.
+//! last second (its last claims may race its reclaiming), words or connections are under
+//! watch from the last round, or a few seconds passed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,7 +36,10 @@ const QUOTA_GRACE: Duration = Duration::from_secs(1);
 
 /// What the audit remembers from one round to the next.
 pub(super) struct Audit {
+    /// When the last round ran.
     last: Instant,
+    /// When a round was last considered (it may have found nothing to make it run).
+    checked: Instant,
     /// Until when rounds are due every `AUDIT_PERIOD` (a connection ended).
     eager_until: Instant,
     /// The groups' NACK counts summed at the last round.
@@ -60,6 +64,7 @@ impl Audit {
     pub(super) fn new() -> Audit {
         Audit {
             last: Instant::now(),
+            checked: Instant::now(),
             eager_until: Instant::now(),
             nacks: 0,
             suspects: Vec::new(),
@@ -70,7 +75,7 @@ impl Audit {
 
     /// How long until the next round is due.
     pub(super) fn due_in(&self) -> Duration {
-        AUDIT_PERIOD.saturating_sub(self.last.elapsed())
+        AUDIT_PERIOD.saturating_sub(self.checked.elapsed())
     }
 
     /// A connection ended: audit at the quick pace for a while.
@@ -81,11 +86,12 @@ impl Audit {
     /// Runs a round if one is due. `dying`: the tags of connections retired and not yet
     /// reclaimed (their words are the reclaimer's).
     pub(super) fn run(&mut self, server: &ServerState, dying: &[u32]) {
-        let since = self.last.elapsed();
-        if since < AUDIT_PERIOD {
+        if self.checked.elapsed() < AUDIT_PERIOD {
             return;
         }
         let now = Instant::now();
+        self.checked = now;
+        let since = now.duration_since(self.last);
         // A hint clients write: it can only make rounds more frequent.
         let nacks = server
             .groups
@@ -93,7 +99,9 @@ impl Audit {
             .map(|g| g.replica.client_control().nacks.load(Ordering::Relaxed))
             .fold(0u64, u64::wrapping_add);
         let refused = std::mem::replace(&mut self.nacks, nacks) != nacks;
-        if !refused && now >= self.eager_until && since < IDLE_AUDIT_PERIOD {
+        // Words or connections under watch finish their grace at the quick pace.
+        let watching = !self.over.is_empty() || self.suspects.iter().any(|s| !s.is_empty());
+        if !refused && !watching && now >= self.eager_until && since < IDLE_AUDIT_PERIOD {
             return;
         }
         self.last = now;
