@@ -26,6 +26,8 @@ const NOBODY: u32 = 65534;
 const RUN_MS: &str = "NETLESS_TEST_RUN_MS";
 /// Env var: a victim connection's `index,tag,token` for the forger.
 const VICTIM: &str = "NETLESS_TEST_VICTIM";
+/// Env var: the server's dispatch (`jbsq2`, or the default) with one worker, if set.
+const ONE_WORKER: &str = "NETLESS_TEST_ONE_WORKER";
 
 /// Entry point of the peers (run only by them, via `--ignored`).
 #[test]
@@ -42,10 +44,16 @@ fn trust_peer_entry() {
     );
     match role.as_str() {
         "server" => {
-            let config = netless::ServerConfig {
+            let mut config = netless::ServerConfig {
                 acl: Acl::same_user().allow_uid(NOBODY),
                 ..server_config(&dir)
             };
+            if let Ok(dispatch) = std::env::var(ONE_WORKER) {
+                config.workers = 1;
+                if dispatch == "jbsq2" {
+                    config.dispatch = netless::Dispatch::Jbsq2;
+                }
+            }
             let server = Server::bind(&service, config, test_handler).unwrap();
             println!("READY");
             std::io::stdout().flush().unwrap();
@@ -55,6 +63,7 @@ fn trust_peer_entry() {
         }
         "flipper" => flipper(&dir, &service, run),
         "caller" => caller(&dir, &service, run),
+        "flooder" => flooder(&dir, &service, run),
         "restore" => {
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(5) {
@@ -171,6 +180,25 @@ fn caller(dir: &Path, service: &str, run: Duration) {
     );
 }
 
+/// Keeps its queue full for `run`: 64 calls of 1 ms in flight, batched, replaced as they
+/// return.
+fn flooder(dir: &Path, service: &str, run: Duration) {
+    let mut pipeline = netless::Pipeline::connect(service, client_config(dir)).unwrap();
+    let started = Instant::now();
+    let mut served = 0u64;
+    while started.elapsed() < run {
+        while pipeline.in_flight() < 64 {
+            if pipeline.submit("Slow", &1u64.to_le_bytes()).is_err() {
+                break;
+            }
+        }
+        pipeline.flush();
+        let _ = pipeline.wait(Some(Duration::from_millis(100)));
+        served += pipeline.poll(|_, _| {}).unwrap() as u64;
+    }
+    println!("RESULT served={served}");
+}
+
 /// Whether peers can run as `nobody` here; says why not if they cannot.
 fn can_run_as_nobody() -> bool {
     if !rustix::process::geteuid().is_root() {
@@ -224,7 +252,14 @@ struct ServerProcess(Child);
 
 impl ServerProcess {
     fn start(dir: &TestDir, service: &str) -> ServerProcess {
-        let mut child = spawn_role("trust_peer_entry", "server", dir.path(), service);
+        ServerProcess::start_with(dir, service, &[])
+    }
+
+    /// [`ServerProcess::start`] with more environment.
+    fn start_with(dir: &TestDir, service: &str, env: &[(&str, &str)]) -> ServerProcess {
+        let mut command = role_command("trust_peer_entry", "server", dir.path(), service);
+        command.envs(env.iter().copied());
+        let mut child = command.spawn().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         wait_for_line(&mut stdout, "READY");
         drain_in_background(stdout);
@@ -428,4 +463,45 @@ fn a_client_of_another_uid_cannot_impersonate_a_connection_even_knowing_its_secr
     // forger's own one, nothing else.
     let served = victim.replica_stats().calls - served_before;
     assert_eq!(served, 101, "the server served {served} calls");
+}
+
+#[test]
+fn a_uid_that_keeps_its_queue_full_cannot_starve_another() {
+    if !can_run_as_nobody() {
+        return;
+    }
+    for dispatch in ["jbsq2", "one-queue"] {
+        let dir = shared_dir("flood");
+        let service = "trust.Flood";
+        let _server = ServerProcess::start_with(&dir, service, &[(ONE_WORKER, dispatch)]);
+        // One worker, and `nobody` keeps 64 calls of 1 ms queued on its group's queue.
+        let flood = Duration::from_secs(3);
+        let Some(flooder) = spawn_nobody("flooder", &dir, service, flood) else {
+            return;
+        };
+        let client = Client::connect_with(service, client_config(dir.path())).unwrap();
+        thread::sleep(Duration::from_millis(300));
+        let (mut failed, mut slowest) = (Vec::new(), Duration::ZERO);
+        for i in 0..50u32 {
+            let options = CallOptions::new().timeout(Duration::from_secs(2));
+            let t = Instant::now();
+            match client.call("Echo", &i.to_le_bytes(), &options) {
+                Ok(reply) => assert_eq!(reply.payload, i.to_le_bytes()),
+                Err(status) => failed.push(status),
+            }
+            slowest = slowest.max(t.elapsed());
+        }
+        let line = finish(flooder, Duration::from_secs(10));
+        assert!(
+            field(&line, "served") > 0,
+            "{dispatch}: the flood ran no calls: {line}"
+        );
+        assert!(
+            failed.is_empty(),
+            "{dispatch}: {} of 50 calls failed under the flood, the first: {}",
+            failed.len(),
+            failed[0]
+        );
+        println!("{dispatch}: slowest of 50 calls {slowest:?} under the flood ({line})");
+    }
 }

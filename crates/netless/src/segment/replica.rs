@@ -193,8 +193,10 @@ impl ReplicaSegment {
     pub(crate) fn restore_headers(&self) {
         let base = self.segment.as_ptr();
         let g = self.geometry;
-        // SAFETY: the header's 128 bytes lie at the start of the mapping; written as one
-        // volatile store of plain integers, as a peer's bytes there may be anything.
+        // SAFETY: the header's 128 bytes lie at the start of the mapping (aligned, in
+        // bounds). The volatile write may be several stores that race a peer's writes; the
+        // header is plain integers, valid whatever bytes end up there, and this process
+        // never reads it back (the server keeps its geometry privately).
         unsafe { std::ptr::write_volatile(base as *mut ReplicaHeader, g) };
         for q in 0..g.nqueues as usize {
             // SAFETY: queue q's region lies inside the mapping, 64-byte aligned (computed at

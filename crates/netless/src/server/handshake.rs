@@ -160,15 +160,21 @@ fn admit(
     let (peer_pid, uid) = match peer_cred(socket) {
         Ok(cred) if acl.allows(&cred) => (cred.pid.max(0) as u32, cred.uid),
         Ok(cred) => {
+            // Who else is admitted is the owner's business: the log says, the peer does not.
+            tracing::info!(
+                "netless: service `{}` refused uid {} gid {} (its ACL admits uids {:?}, gids {:?})",
+                server.service,
+                cred.uid,
+                cred.gid,
+                acl.uids(),
+                acl.gids()
+            );
             let status = Status::new(
                 Code::PermissionDenied,
                 format!(
-                    "uid {} gid {} is not allowed to use service `{}` (its ACL admits uids {:?}, gids {:?})",
-                    cred.uid,
-                    cred.gid,
-                    server.service,
-                    acl.uids(),
-                    acl.gids()
+                    "uid {} gid {} is not allowed to use service `{}`: ask its owner to admit \
+                     your uid or a group of yours (ServerConfig::acl)",
+                    cred.uid, cred.gid, server.service,
                 ),
             );
             return refuse(socket, status, deadline);

@@ -15,6 +15,7 @@ use super::notify::NotifySection;
 use super::state::ServerState;
 use super::worker::WorkerContext;
 use crate::config::Provisioning;
+use crate::control::MAX_BATCH;
 use crate::segment::layout::block_state;
 use crate::segment::BlockRun;
 use crate::status::Code;
@@ -23,6 +24,10 @@ use crate::wire::header::{
     align8, compact_flags, kind, wire_flags, CompactHeader, WireHeader, COMPACT_HEADER_LEN,
 };
 use crate::wire::metadata::Metadata;
+
+/// Why a batch of more requests than any client sends (`MAX_BATCH`) closes its connection:
+/// one entry is one turn of a worker, and a turn is bounded.
+const TOO_LONG: &str = "a batch holds more requests than the largest batch (256)";
 
 /// The run of `nblocks` blocks at `block` of `group`'s buffer and their block-table words,
 /// if the run lies in the buffer (and in `conn`'s partition) and every block of it is leased
@@ -224,6 +229,9 @@ impl<'s> WorkerContext<'s> {
             if !more {
                 break;
             }
+            if count >= MAX_BATCH {
+                return Err(TOO_LONG);
+            }
             let mut next = next_compact(run, body_at + body.len(), max_message)?;
             // The method just served, called again: the lean path, unless these requests
             // are refused unrun or go to the runtime's own methods.
@@ -274,6 +282,9 @@ impl<'s> WorkerContext<'s> {
             *count += 1;
             if c.flags & compact_flags::MORE == 0 {
                 break Ok(None);
+            }
+            if *count >= MAX_BATCH {
+                break Err(TOO_LONG);
             }
             match next_compact(run, end, max_message) {
                 Ok(n) if n.0.flags & compact_flags::SAME_METHOD != 0 => (c, body, end) = n,

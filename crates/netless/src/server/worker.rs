@@ -229,8 +229,9 @@ impl<'a> Worker<'a> {
             let _notify = NotifySection::enter();
             server.handler.poll(worker)
         };
-        // Jbsq2: a second entry taken (and its payload prefetched) while serving the first.
-        let mut next: Option<u32> = None;
+        // Jbsq2: a second entry taken (and its payload prefetched) while serving the first,
+        // with its lane.
+        let mut next: Option<(u32, usize)> = None;
         // Takes the next entry of `lane`, if any; `hold` marks the worker so reclamation
         // waits for it.
         let take_from = |lane: &Lane<'a>, full_check: bool, hold: bool| -> Option<u32> {
@@ -310,7 +311,8 @@ impl<'a> Worker<'a> {
         };
         while !server.is_stopping() {
             let block = match next.take() {
-                Some(block) => {
+                Some((block, lane)) => {
+                    cur.set(lane);
                     me.serving.store(BUSY, Ordering::Relaxed);
                     me.held.store(IDLE, Ordering::Release);
                     Some(block)
@@ -396,13 +398,18 @@ impl<'a> Worker<'a> {
                 }
             }
             if jbsq2 {
-                // From the same lane: it is served next, as this lane's.
-                next = take_from(lane, true, true);
-                if let Some(b) = next {
+                // From the next lane that has one, this lane's last: groups take turns entry
+                // by entry, the second entry included, so a group that keeps its queue full
+                // cannot keep the worker to itself.
+                next = (1..=nlanes).find_map(|k| {
+                    let i = (cur.get() + k) % nlanes;
+                    take_from(&lanes[i], true, true).map(|b| (b, i))
+                });
+                if let Some((b, i)) = next {
                     // The second request's payload, while the first runs.
-                    if let Some(run) = lane.group.replica.run(b, 1) {
-                        let block_size = lane.group.replica.block_size();
-                        prefetch_read_range(run.as_ptr(), block_size.max(256), 4);
+                    let replica = &lanes[i].group.replica;
+                    if let Some(run) = replica.run(b, 1) {
+                        prefetch_read_range(run.as_ptr(), replica.block_size().max(256), 4);
                     }
                 }
             }
