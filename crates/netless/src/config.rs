@@ -90,6 +90,10 @@ pub struct ServerConfig {
     pub max_message: usize,
     /// Most simultaneous connections.
     pub max_connections: u32,
+    /// Most simultaneous connections of any one uid but the server's own; `None`: half of
+    /// `max_connections` (at least 1). With an ACL that admits other users, no one of them
+    /// can take every slot; the server's own uid is bounded by `max_connections` alone.
+    pub max_connections_per_uid: Option<u32>,
     /// Who may connect (checked with `SO_PEERCRED` before any fd is passed).
     pub acl: Acl,
     /// Socket directory; `None` means [`netless_shm::socket_dir`]. Either way it is
@@ -128,6 +132,7 @@ impl Default for ServerConfig {
             slo: None,
             max_message: DEFAULT_MAX_MESSAGE,
             max_connections: 1024,
+            max_connections_per_uid: None,
             acl: Acl::default(),
             dir: None,
             pin_cpus: Vec::new(),
@@ -184,11 +189,20 @@ impl ServerConfig {
                 self.max_connections
             ));
         }
+        if self.max_connections_per_uid == Some(0) {
+            return bad("max_connections_per_uid must be at least 1 (None: the default)".into());
+        }
         Ok(())
     }
 }
 
 impl ServerConfig {
+    /// Most connections one uid but the server's own may hold.
+    pub(crate) fn per_uid_connections(&self) -> u32 {
+        self.max_connections_per_uid
+            .unwrap_or((self.max_connections / 2).max(1))
+    }
+
     /// Partitions of the receive buffer: 1, one per worker or one per connection slot.
     pub(crate) fn partitions(&self) -> u32 {
         match self.provisioning {

@@ -28,6 +28,8 @@ const RUN_MS: &str = "NETLESS_TEST_RUN_MS";
 const VICTIM: &str = "NETLESS_TEST_VICTIM";
 /// Env var: the server's dispatch (`jbsq2`, or the default) with one worker, if set.
 const ONE_WORKER: &str = "NETLESS_TEST_ONE_WORKER";
+/// Env var: the server's `max_connections`, if set.
+const MAX_CONNECTIONS: &str = "NETLESS_TEST_MAX_CONNECTIONS";
 
 /// Entry point of the peers (run only by them, via `--ignored`).
 #[test]
@@ -48,6 +50,12 @@ fn trust_peer_entry() {
                 acl: Acl::same_user().allow_uid(NOBODY),
                 ..server_config(&dir)
             };
+            if let Some(n) = std::env::var(MAX_CONNECTIONS)
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                config.max_connections = n;
+            }
             if let Ok(dispatch) = std::env::var(ONE_WORKER) {
                 config.workers = 1;
                 if dispatch == "jbsq2" {
@@ -64,6 +72,7 @@ fn trust_peer_entry() {
         "flipper" => flipper(&dir, &service, run),
         "caller" => caller(&dir, &service, run),
         "flooder" => flooder(&dir, &service, run),
+        "hoarder" => hoarder(&dir, &service),
         "restore" => {
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(5) {
@@ -197,6 +206,37 @@ fn flooder(dir: &Path, service: &str, run: Duration) {
         served += pipeline.poll(|_, _| {}).unwrap() as u64;
     }
     println!("RESULT served={served}");
+}
+
+/// Takes every connection it is given, then opens 200 sockets to the server and says
+/// nothing on them; reports, and holds it all until its stdin closes.
+fn hoarder(dir: &Path, service: &str) {
+    let mut held = Vec::new();
+    let refusal = loop {
+        match Client::connect_with(service, client_config(dir)) {
+            Ok(client) if held.len() < 64 => held.push(client),
+            Ok(_) => break None,
+            Err(status) => break Some(status),
+        }
+    };
+    let path = client_config(dir).socket_path(service).unwrap();
+    let silent: Vec<_> = (0..200)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(&path).ok())
+        .collect();
+    let (code, says) = refusal.map_or((0, false), |s| {
+        (
+            s.code() as u32,
+            s.message().contains("max_connections_per_uid"),
+        )
+    });
+    println!(
+        "RESULT held={} code={code} says_why={} silent={}",
+        held.len(),
+        u32::from(says),
+        silent.len()
+    );
+    std::io::stdout().flush().unwrap();
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
 }
 
 /// Whether peers can run as `nobody` here; says why not if they cannot.
@@ -504,4 +544,43 @@ fn a_uid_that_keeps_its_queue_full_cannot_starve_another() {
         );
         println!("{dispatch}: slowest of 50 calls {slowest:?} under the flood ({line})");
     }
+}
+
+#[test]
+fn a_uid_cannot_take_every_connection_or_handshake() {
+    if !can_run_as_nobody() {
+        return;
+    }
+    let dir = shared_dir("hoard");
+    let service = "trust.Hoard";
+    let _server = ServerProcess::start_with(&dir, service, &[(MAX_CONNECTIONS, "8")]);
+    let Some(mut hoarder) = spawn_nobody("hoarder", &dir, service, Duration::ZERO) else {
+        return;
+    };
+    // `nobody` holds all the connections it may and 200 silent handshakes (more than the
+    // server runs at once).
+    let mut stdout = BufReader::new(hoarder.stdout.take().unwrap());
+    let line = read_result(&mut stdout, Duration::from_secs(10));
+    assert_eq!(field(&line, "held"), 4, "half of 8 slots: {line}");
+    assert_eq!(
+        field(&line, "code"),
+        Code::ResourceExhausted as u64,
+        "{line}"
+    );
+    assert_eq!(field(&line, "says_why"), 1, "{line}");
+    // Its handshakes have 2 s to run out: the server's own uid gets in meanwhile, and takes
+    // the other slots.
+    let started = Instant::now();
+    let clients: Vec<Client> = (0..4)
+        .map(|_| Client::connect_with(service, client_config(dir.path())).unwrap())
+        .collect();
+    for client in &clients {
+        let options = CallOptions::new().timeout(Duration::from_secs(2));
+        assert_eq!(client.call("Echo", b"in", &options).unwrap().payload, b"in");
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "admitted after {took:?}");
+    println!("hoarder: {}; the owner admitted in {took:?}", line.trim());
+    drop(hoarder.stdin.take());
+    let _ = hoarder.wait();
 }

@@ -247,6 +247,19 @@ impl ConnTable {
             .wrapping_add(delta as u32)
     }
 
+    /// Live connections of `uid` (one pass over the table: for admissions, which are rare).
+    pub(super) fn live_of(&self, uid: u32) -> u32 {
+        self.slots
+            .iter()
+            .filter(|s| s.tag.load(Ordering::Acquire) != 0)
+            .filter(|s| {
+                s.conn
+                    .read()
+                    .is_ok_and(|c| c.as_ref().is_some_and(|c| c.uid == uid))
+            })
+            .count() as u32
+    }
+
     /// A slot holding no connection, live or retired.
     pub(super) fn vacant(&self) -> Option<u32> {
         self.slots

@@ -29,6 +29,9 @@ use crate::wire::handshake::{Frame, HELLO_LEN, PROTOCOL_VERSION};
 /// Most handshakes in progress at once; a client arriving beyond them is refused at once
 /// with `RESOURCE_EXHAUSTED` (and may retry).
 pub(super) const MAX_HANDSHAKES: usize = 128;
+/// Most of them one uid but the server's own may have in progress: a user that opens
+/// connections and sends nothing leaves room for the others.
+pub(super) const MAX_HANDSHAKES_PER_UID: usize = MAX_HANDSHAKES / 4;
 /// How long one whole handshake may take, however the client paces its bytes.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A handshake thread's stack: it only encodes and decodes a few small frames.
@@ -45,9 +48,9 @@ struct Inbox {
 
 /// The handshakes in progress.
 pub(super) struct Handshakes {
-    /// Each handshake's thread, and a handle on its socket to cut it short when the server
-    /// stops.
-    in_flight: Vec<(JoinHandle<()>, UnixStream)>,
+    /// Each handshake's thread, a handle on its socket to cut it short when the server
+    /// stops, and the peer's uid.
+    in_flight: Vec<(JoinHandle<()>, UnixStream, u32)>,
     inbox: Arc<Inbox>,
 }
 
@@ -75,16 +78,26 @@ impl Handshakes {
     /// Starts the handshake with a client that just connected (its connection's tag takes
     /// `generation`), or refuses it at once if [`MAX_HANDSHAKES`] are in progress.
     pub(super) fn start(&mut self, server: &Arc<ServerState>, socket: UnixStream, generation: u32) {
-        self.in_flight.retain(|(thread, _)| !thread.is_finished());
-        if self.in_flight.len() >= MAX_HANDSHAKES {
-            refuse(
-                &socket,
-                Status::resource_exhausted(format!(
-                    "service `{}` is admitting {MAX_HANDSHAKES} clients already: retry",
-                    server.service
-                )),
-                Instant::now() + BUSY_REFUSAL,
-            );
+        self.in_flight
+            .retain(|(thread, _, _)| !thread.is_finished());
+        // Read without waiting: the kernel recorded them at connect.
+        let uid = peer_cred(&socket).map_or(u32::MAX, |c| c.uid);
+        let busy = if self.in_flight.len() >= MAX_HANDSHAKES {
+            Some(format!("is admitting {MAX_HANDSHAKES} clients already"))
+        } else if uid != server.owner_uid
+            && self.in_flight.iter().filter(|h| h.2 == uid).count() >= MAX_HANDSHAKES_PER_UID
+        {
+            Some(format!(
+                "is admitting {MAX_HANDSHAKES_PER_UID} clients of uid {uid} already, the most \
+                 it admits at once for one user"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = busy {
+            let status =
+                Status::resource_exhausted(format!("service `{}` {why}: retry", server.service));
+            refuse(&socket, status, Instant::now() + BUSY_REFUSAL);
             return;
         }
         let Ok(handle) = socket.try_clone() else {
@@ -102,7 +115,7 @@ impl Handshakes {
                 }
             });
         match spawned {
-            Ok(thread) => self.in_flight.push((thread, handle)),
+            Ok(thread) => self.in_flight.push((thread, handle, uid)),
             Err(e) => tracing::warn!("netless: cannot spawn a handshake thread: {e}"),
         }
     }
@@ -116,10 +129,10 @@ impl Handshakes {
 
     /// Cuts every handshake in progress short and waits for their threads.
     pub(super) fn stop(&mut self) {
-        for (_, socket) in &self.in_flight {
+        for (_, socket, _) in &self.in_flight {
             let _ = socket.shutdown(std::net::Shutdown::Both);
         }
-        for (thread, _) in self.in_flight.drain(..) {
+        for (thread, _, _) in self.in_flight.drain(..) {
             let _ = thread.join();
         }
     }
@@ -235,6 +248,18 @@ fn admit(
                 server.service
             ));
             return refuse(socket, status, deadline);
+        }
+        if uid != server.owner_uid {
+            let most = server.config.per_uid_connections();
+            if server.conns.live_of(uid) >= most {
+                let status = Status::resource_exhausted(format!(
+                    "uid {uid} holds {most} connections to service `{}`, the most one user \
+                     other than its owner may (ServerConfig::max_connections_per_uid): close \
+                     some, or retry later",
+                    server.service
+                ));
+                return refuse(socket, status, deadline);
+            }
         }
         let Some(index) = server.conns.vacant() else {
             let status = Status::resource_exhausted(format!(
