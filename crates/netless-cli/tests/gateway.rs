@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::Read;
-use std::net::TcpStream;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -21,6 +21,7 @@ use netless_examples::routeguide_pb::{Point, Rectangle};
 use prost::Message;
 
 use common::interop::{probe, start_gateway, Call, Outcome, Setup};
+use common::peer::PeerConnection;
 use common::{TestDir, SHORT};
 
 const SAY_HELLO: &str = "/helloworld.Greeter/SayHello";
@@ -242,6 +243,59 @@ fn a_bearer_token_is_required_and_never_echoed() {
         refused.describe()
     );
     assert!(!refused.stderr.contains("s3cret"), "{}", refused.describe());
+}
+
+const TOKEN: &str = "s3cret-Token-5678";
+
+/// A token file (mode 600) in `dir`, holding [`TOKEN`].
+fn token_file(dir: &TestDir) -> String {
+    let path = dir.path.join("token");
+    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn calls_without_the_token_keep_no_connection_open() {
+    let secrets = TestDir::new("idle-token");
+    let token = token_file(&secrets);
+    let setup = Setup::start(
+        "idle-unauth",
+        &[
+            "--allow",
+            "helloworld.*",
+            "--token-file",
+            &token,
+            "--idle-timeout",
+            "3s",
+        ],
+    );
+    let gateway: SocketAddr = setup.address.parse().unwrap();
+    let from: IpAddr = "127.0.0.1".parse().unwrap();
+    runtime().block_on(async {
+        let started = Instant::now();
+        let attacker = PeerConnection::open(from, gateway).await.unwrap();
+        let honest = PeerConnection::open(from, gateway).await.unwrap();
+        // 2.5 s in, each calls once (the attacker twice, not yet closed for failing).
+        tokio::time::sleep_until((started + Duration::from_millis(2500)).into()).await;
+        for _ in 0..2 {
+            let status = attacker.say_hello("idle", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        }
+        let reply = honest.say_hello("busy", Some(TOKEN)).await.unwrap();
+        assert_eq!(reply, "Hello busy!");
+        // The honest call keeps its connection until 3 s after it (5.5 s in at the
+        // earliest); the attacker's calls do not, so its connection is idle 3 s in.
+        tokio::time::sleep_until((started + Duration::from_millis(4800)).into()).await;
+        assert!(
+            attacker.is_closed(),
+            "calls without the token kept a connection open"
+        );
+        assert!(
+            !honest.is_closed(),
+            "an authenticated call was not activity"
+        );
+    });
 }
 
 #[test]

@@ -58,7 +58,7 @@ pub struct Args {
     /// Time a client has to complete the TLS handshake.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub tls_handshake_timeout: Duration,
-    /// A connection with no call under way for this long is closed (GOAWAY).
+    /// A connection with no authenticated call under way for this long is closed (GOAWAY).
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
     /// Netless connections to each backend service at most, opened as calls need them.

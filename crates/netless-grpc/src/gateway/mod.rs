@@ -85,7 +85,8 @@ pub struct GatewayLimits {
     /// Time a client has to complete the TLS handshake (default 10 s).
     pub tls_handshake_timeout: Duration,
     /// A connection with no call under way for this long is closed with GOAWAY (default
-    /// 120 s); so is one that opens no stream at all.
+    /// 120 s); so is one that opens no stream at all. A call refused for its bearer token
+    /// does not count.
     pub idle_timeout: Duration,
     /// Netless connections to each backend service at most (default 8), opened as the
     /// calls to it need them; calls go to the least loaded. Each carries up to
@@ -332,6 +333,15 @@ impl Gateway {
     ) -> http::Response<tonic::body::Body> {
         let inner = &*self.inner;
         inner.calls.fetch_add(1, Ordering::Relaxed);
+        let request = match self.authenticate(request) {
+            Ok(request) => request,
+            Err(status) => {
+                inner.refused.fetch_add(1, Ordering::Relaxed);
+                return status_response(&status);
+            }
+        };
+        // Only now is the call activity: a caller without the token must not keep its
+        // connection from the idle timeout by calling.
         let mut held = Held {
             _activity: Some(remote.begin()),
             ..Held::default()
@@ -365,6 +375,21 @@ impl Gateway {
         }
     }
 
+    /// Checks the call's bearer token, if the gateway requires one, and takes it out of the
+    /// request.
+    fn authenticate(
+        &self,
+        mut request: http::Request<Incoming>,
+    ) -> Result<http::Request<Incoming>, Status> {
+        let Some(token) = &self.inner.token else {
+            return Ok(request);
+        };
+        token.check(request.headers())?;
+        // The gateway's secret is not the backends' business.
+        request.headers_mut().remove(AUTHORIZATION);
+        Ok(request)
+    }
+
     /// Checks a call against the gateway's rules and takes what it needs to go ahead (a
     /// permit of its connection, a share of its service, a link), into `held`. Returns the
     /// request as it goes to the backend.
@@ -375,11 +400,6 @@ impl Gateway {
         held: &mut Held,
     ) -> Result<http::Request<Incoming>, Status> {
         let inner = &*self.inner;
-        if let Some(token) = &inner.token {
-            token.check(request.headers())?;
-            // The gateway's secret is not the backends' business.
-            request.headers_mut().remove(AUTHORIZATION);
-        }
         let path = request.uri().path();
         let service = service_of(path)
             .ok_or_else(|| public::not_a_method_path(path))?
