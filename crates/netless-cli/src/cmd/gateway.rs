@@ -39,7 +39,9 @@ pub struct Args {
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
     /// File holding a bearer token every call must present as `authorization: Bearer
-    /// <token>` (else UNAUTHENTICATED). The file must not be open to group or others.
+    /// <token>` (else UNAUTHENTICATED; after 3 such calls in a row the connection is
+    /// closed, and calls without it do not keep a connection from the idle timeout). The
+    /// file must not be open to group or others.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// Connections served at once; more are closed as soon as they are accepted.

@@ -333,7 +333,7 @@ impl Gateway {
     ) -> http::Response<tonic::body::Body> {
         let inner = &*self.inner;
         inner.calls.fetch_add(1, Ordering::Relaxed);
-        let request = match self.authenticate(request) {
+        let request = match self.authenticate(request, remote) {
             Ok(request) => request,
             Err(status) => {
                 inner.refused.fetch_add(1, Ordering::Relaxed);
@@ -376,15 +376,22 @@ impl Gateway {
     }
 
     /// Checks the call's bearer token, if the gateway requires one, and takes it out of the
-    /// request.
+    /// request. `auth::MAX_FAILED_AUTHENTICATIONS` calls in a row without it close `remote`.
     fn authenticate(
         &self,
         mut request: http::Request<Incoming>,
+        remote: &RemoteConnection,
     ) -> Result<http::Request<Incoming>, Status> {
         let Some(token) = &self.inner.token else {
             return Ok(request);
         };
-        token.check(request.headers())?;
+        if let Err(status) = token.check(request.headers()) {
+            if remote.failed_authentication() {
+                return Err(auth::closing(&status));
+            }
+            return Err(status);
+        }
+        remote.authenticated();
         // The gateway's secret is not the backends' business.
         request.headers_mut().remove(AUTHORIZATION);
         Ok(request)

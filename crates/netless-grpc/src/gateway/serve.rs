@@ -1,8 +1,8 @@
 //! The gateway's listener and its connections: accepting (at most `max_connections` at
 //! once; the next are closed at once), the TLS handshake (with a deadline), HTTP/2 with its
 //! limits (concurrent streams, keepalive pings), and closing a connection that has had no
-//! call for the idle timeout. Each call goes to [`Gateway::forward`]; this module never
-//! looks inside one.
+//! authenticated call for the idle timeout, or too many calls in a row without the token.
+//! Each call goes to [`Gateway::forward`]; this module never looks inside one.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -106,7 +106,8 @@ impl Gateway {
     }
 
     /// Runs HTTP/2 on `io` until the peer closes, or the connection has been idle for the
-    /// idle timeout (then GOAWAY, and a moment for the peer to close).
+    /// idle timeout or failed authentication too often (then GOAWAY, and a moment for the
+    /// calls under way to end and the peer to close).
     async fn http2<T>(&self, io: T, remote: Arc<RemoteConnection>) -> Result<(), hyper::Error>
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -132,6 +133,7 @@ impl Gateway {
         tokio::select! {
             served = &mut connection => return served,
             () = remote.idle(limits.idle_timeout) => {}
+            () = remote.closing() => {}
         }
         connection.inner().graceful_shutdown();
         tokio::time::timeout(CLOSE_GRACE, connection)
