@@ -256,6 +256,102 @@ fn token_file(dir: &TestDir) -> String {
 }
 
 #[test]
+fn a_caller_without_the_token_cannot_hold_the_connections() {
+    let secrets = TestDir::new("unauth-token");
+    let token = token_file(&secrets);
+    let setup = Setup::start(
+        "unauth",
+        &[
+            "--allow",
+            "helloworld.*",
+            "--token-file",
+            &token,
+            "--max-connections",
+            "4",
+            "--max-connections-per-peer",
+            "2",
+            // Far beyond the test: any connection closed here was closed for what it did.
+            "--idle-timeout",
+            "300s",
+        ],
+    );
+    let gateway: SocketAddr = setup.address.parse().unwrap();
+    let attacker: IpAddr = "127.0.0.2".parse().unwrap();
+    let honest: IpAddr = "127.0.0.1".parse().unwrap();
+    runtime().block_on(async {
+        // The attacker opens as many connections as the gateway serves, and calls without
+        // the token on each: only its peer's share is served, the rest closed at accept.
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for i in 0..4 {
+            let Ok(connection) = PeerConnection::open(attacker, gateway).await else {
+                refused += 1;
+                continue;
+            };
+            match connection.say_hello(&format!("attack {i}"), None).await {
+                Err(status) if status.code() == tonic::Code::Unauthenticated => {
+                    held.push(connection)
+                }
+                other => {
+                    assert!(other.is_err(), "served without the token");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((held.len(), refused), (2, 2), "per-peer cap not applied");
+        for connection in &held {
+            let status = connection.say_hello("again", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+            assert!(!connection.is_closed(), "closed after 2 failed calls");
+        }
+
+        // Meanwhile an honest client connects, and is served.
+        let mut honest_connections = Vec::new();
+        for i in 0..2 {
+            let connection = PeerConnection::open(honest, gateway).await.unwrap();
+            let reply = connection
+                .say_hello(&format!("honest {i}"), Some(TOKEN))
+                .await;
+            assert_eq!(reply.unwrap(), format!("Hello honest {i}!"));
+            honest_connections.push(connection);
+        }
+
+        // The attacker's third call in a row without the token is refused, saying that its
+        // connection closes; then the gateway closes it.
+        for mut connection in held {
+            let status = connection.say_hello("third", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+            assert!(
+                status.message().contains("closes this connection"),
+                "{status:?}"
+            );
+            assert!(
+                connection.closes_within(Duration::from_secs(10)).await,
+                "a connection stayed open after 3 failed calls"
+            );
+        }
+        // Its places are free again, and its next connection fares the same.
+        let mut again = PeerConnection::open(attacker, gateway).await.unwrap();
+        for _ in 0..3 {
+            let status = again.say_hello("more", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        }
+        assert!(again.closes_within(Duration::from_secs(10)).await);
+        let after = again.say_hello("after", Some(TOKEN)).await.unwrap_err();
+        assert_ne!(after.code(), tonic::Code::Ok);
+
+        // The honest connections were never touched.
+        for (i, connection) in honest_connections.iter().enumerate() {
+            assert!(!connection.is_closed());
+            let reply = connection
+                .say_hello(&format!("still {i}"), Some(TOKEN))
+                .await;
+            assert_eq!(reply.unwrap(), format!("Hello still {i}!"));
+        }
+    });
+}
+
+#[test]
 fn calls_without_the_token_keep_no_connection_open() {
     let secrets = TestDir::new("idle-token");
     let token = token_file(&secrets);

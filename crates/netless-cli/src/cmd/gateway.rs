@@ -47,6 +47,10 @@ pub struct Args {
     /// Connections served at once; more are closed as soon as they are accepted.
     #[arg(long, default_value_t = GatewayLimits::default().max_connections)]
     pub max_connections: usize,
+    /// Connections served at once from one peer (an IPv4 address, an IPv6 /64 network);
+    /// its further ones are closed as soon as they are accepted.
+    #[arg(long, default_value_t = GatewayLimits::default().max_connections_per_peer)]
+    pub max_connections_per_peer: usize,
     /// Streams (calls) one HTTP/2 connection may have open at once.
     #[arg(long, default_value_t = GatewayLimits::default().max_streams)]
     pub max_streams: u32,
@@ -107,6 +111,7 @@ impl Args {
     fn limits(&self) -> GatewayLimits {
         GatewayLimits {
             max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
             max_streams: self.max_streams,
             max_calls_per_connection: self.max_calls_per_connection,
             default_timeout: (!self.default_timeout.is_zero()).then_some(self.default_timeout),

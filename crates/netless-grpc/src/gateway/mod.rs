@@ -72,6 +72,10 @@ pub struct GatewayLimits {
     /// Connections served at once (default 256); the next ones are closed as soon as they
     /// are accepted.
     pub max_connections: usize,
+    /// Connections served at once from one peer (default 64): an IPv4 address, or an IPv6
+    /// /64 network (what one host is commonly given); its next ones are closed as soon as
+    /// they are accepted, so one address cannot take every connection.
+    pub max_connections_per_peer: usize,
     /// Streams (calls) one HTTP/2 connection may have open at once: its
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` (default 100).
     pub max_streams: u32,
@@ -101,6 +105,7 @@ impl Default for GatewayLimits {
     fn default() -> GatewayLimits {
         GatewayLimits {
             max_connections: 256,
+            max_connections_per_peer: 64,
             max_streams: 100,
             max_calls_per_connection: 64,
             default_timeout: Some(Duration::from_secs(60)),
@@ -116,6 +121,7 @@ impl GatewayLimits {
     fn validate(&self) -> Result<(), String> {
         let positive = [
             ("max_connections", self.max_connections),
+            ("max_connections_per_peer", self.max_connections_per_peer),
             ("max_streams", self.max_streams as usize),
             ("max_calls_per_connection", self.max_calls_per_connection),
             ("backend_connections", self.backend_connections),
@@ -320,7 +326,8 @@ impl Gateway {
         )
     }
 
-    /// Connections closed on accept because `max_connections` were being served.
+    /// Connections closed on accept because `max_connections` were being served, or
+    /// `max_connections_per_peer` from their peer.
     pub fn refused_connections(&self) -> u64 {
         self.inner.refused_connections.load(Ordering::Relaxed)
     }
