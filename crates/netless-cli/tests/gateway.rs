@@ -753,6 +753,57 @@ fn connections_past_the_limits_are_closed() {
 }
 
 #[test]
+fn deadlines_past_the_max_timeout_are_cut() {
+    let setup = Setup::start(
+        "max-timeout",
+        &["--allow", "helloworld.*", "--max-timeout", "700ms"],
+    );
+    runtime().block_on(async {
+        let channel = connect(&setup.address).await;
+        let mut greeter = GreeterClient::new(channel);
+        let call = |name: &str, timeout: Option<Duration>| {
+            let mut request = tonic::Request::new(HelloRequest { name: name.into() });
+            if let Some(timeout) = timeout {
+                request.set_timeout(timeout);
+            }
+            request
+        };
+        // A call that asks for an hour, and one that asks for no deadline (the default
+        // timeout, 60 s), get 700 ms: the slow greeting (1.5 s) is cut.
+        for timeout in [Some(Duration::from_secs(3600)), None] {
+            let started = Instant::now();
+            let status = greeter.say_hello(call("slow", timeout)).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_secs(10),
+                "{timeout:?}: cut after {took:?}"
+            );
+        }
+        // Calls within the bound are served as they ask.
+        let reply = greeter
+            .say_hello(call("quick", Some(Duration::from_secs(10))))
+            .await
+            .unwrap();
+        assert_eq!(reply.into_inner().message, "Hello quick!");
+    });
+    // Without a bound (`0`), the slow greeting has the hour it asks for.
+    let (_unbounded, address) = start_gateway(
+        &setup.dir.path,
+        &["--allow", "helloworld.*", "--max-timeout", "0"],
+    );
+    runtime().block_on(async {
+        let mut greeter = GreeterClient::new(connect(&address).await);
+        let mut request = tonic::Request::new(HelloRequest {
+            name: "slow".into(),
+        });
+        request.set_timeout(Duration::from_secs(3600));
+        let reply = greeter.say_hello(request).await.unwrap();
+        assert_eq!(reply.into_inner().message, "Hello slow!");
+    });
+}
+
+#[test]
 fn a_tls_handshake_that_never_comes_is_cut() {
     let certs = TestDir::new("tls-slow");
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();

@@ -58,9 +58,15 @@ pub struct Args {
     /// their deadline). Every connection may always have 2 calls at each service.
     #[arg(long, default_value_t = GatewayLimits::default().max_calls_per_connection)]
     pub max_calls_per_connection: usize,
-    /// Deadline of calls that carry no grpc-timeout (`500ms`, `30s`, `5m`; `0` for none).
+    /// Deadline of calls that carry no grpc-timeout (`500ms`, `30s`, `5m`; `0` for none),
+    /// at most --max-timeout.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub default_timeout: Duration,
+    /// The longest deadline a call gets: a longer grpc-timeout (or none, with
+    /// --default-timeout 0) is cut to it before the call goes to the backend (`0` for no
+    /// bound: then a client may ask for a backend's resources for as long as it likes).
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub max_timeout: Duration,
     /// Time a client has to complete the TLS handshake.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub tls_handshake_timeout: Duration,
@@ -115,6 +121,7 @@ impl Args {
             max_streams: self.max_streams,
             max_calls_per_connection: self.max_calls_per_connection,
             default_timeout: (!self.default_timeout.is_zero()).then_some(self.default_timeout),
+            max_timeout: (!self.max_timeout.is_zero()).then_some(self.max_timeout),
             tls_handshake_timeout: self.tls_handshake_timeout,
             idle_timeout: self.idle_timeout,
             backend_connections: self.backend_connections,
