@@ -472,12 +472,34 @@ fn remote_errors_name_no_local_path() {
             "hung.*",
             "--allow",
             "stale.*",
+            "--allow",
+            "leaky.*",
             "--backend-connect-timeout",
             "1s",
         ],
     );
     hung_backend(&setup.dir.socket("hung.Service"));
     stale_socket(&setup.dir.socket("stale.Service"));
+    // A backend whose errors name local things, as netless's own errors do: the socket
+    // directory, a path through /proc, uids, gids and an ACL's lists of them.
+    let uid = rustix::process::geteuid().as_raw();
+    let leak = format!(
+        "uid {uid} gid 4343 is not allowed to use service `leaky.Service` at \
+         /proc/self/fd/9/leaky.Service.sock (its ACL admits uids [4242, {uid}], gids [4343]); \
+         its log is {}/leaky.log, its config /home/leaky/.config/netless, pid: 4444",
+        setup.dir.path.display()
+    );
+    let _leaky = netless::Server::bind(
+        "leaky.Service",
+        netless::ServerConfig {
+            dir: Some(setup.dir.path.clone()),
+            ..Default::default()
+        },
+        move |_req: &netless::Request<'_>, _resp: &mut netless::ResponseBuilder<'_>| {
+            Err(netless::Status::new(netless::Code::PermissionDenied, &leak))
+        },
+    )
+    .unwrap();
     let calls = [
         Call::new("/absent.Service/Get", b""),
         Call::new("/hung.Service/Get", b""),
@@ -485,6 +507,7 @@ fn remote_errors_name_no_local_path() {
         Call::new("/routeguide.RouteGuide/GetFeature", b""),
         Call::new("/netless.ctl/Get", b""),
         Call::new("/not-a-method-path", b""),
+        Call::new("/leaky.Service/Get", b""),
     ];
     let mut out = probe(&setup.address, &calls, &[]);
     let codes: Vec<&str> = out.iter().map(|o| o.code.as_str()).collect();
@@ -496,9 +519,17 @@ fn remote_errors_name_no_local_path() {
             "UNAVAILABLE",
             "UNIMPLEMENTED",
             "UNIMPLEMENTED",
-            "UNIMPLEMENTED"
+            "UNIMPLEMENTED",
+            "PERMISSION_DENIED",
         ],
         "{out:?}"
+    );
+    // The backend's error keeps its sense, less what names the machine.
+    assert_eq!(
+        out[6].details,
+        "uid <id> gid <id> is not allowed to use service `leaky.Service` at <path> (its ACL \
+         admits uids <ids>, gids <ids>); its log is <socket directory>, its config <path>, \
+         pid: <id>"
     );
     // A backend that dies: its calls fail, and say so without saying where it lived.
     drop(setup.backend.take());
@@ -512,15 +543,28 @@ fn remote_errors_name_no_local_path() {
         &[],
     ));
     assert!(
-        ["UNAVAILABLE", "UNIMPLEMENTED"].contains(&out[6].code.as_str()),
+        ["UNAVAILABLE", "UNIMPLEMENTED"].contains(&out[7].code.as_str()),
         "{:?}",
-        out[6]
+        out[7]
     );
     let dir = setup.dir.path.display().to_string();
     let tmp = std::env::temp_dir().display().to_string();
     for outcome in &out {
         assert!(!outcome.details.is_empty(), "{outcome:?}");
-        for private in [dir.as_str(), tmp.as_str(), ".sock", "netless-0"] {
+        let private = [
+            dir.as_str(),
+            tmp.as_str(),
+            ".sock",
+            "netless-0",
+            "/proc",
+            "/home",
+            ".config",
+            "leaky.log",
+            "4242",
+            "4343",
+            "4444",
+        ];
+        for private in private {
             assert!(
                 !outcome.details.contains(private),
                 "`{private}` seen remotely: {outcome:?}"
