@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::Read;
-use std::net::TcpStream;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -21,6 +21,7 @@ use netless_examples::routeguide_pb::{Point, Rectangle};
 use prost::Message;
 
 use common::interop::{probe, start_gateway, Call, Outcome, Setup};
+use common::peer::PeerConnection;
 use common::{TestDir, SHORT};
 
 const SAY_HELLO: &str = "/helloworld.Greeter/SayHello";
@@ -244,6 +245,155 @@ fn a_bearer_token_is_required_and_never_echoed() {
     assert!(!refused.stderr.contains("s3cret"), "{}", refused.describe());
 }
 
+const TOKEN: &str = "s3cret-Token-5678";
+
+/// A token file (mode 600) in `dir`, holding [`TOKEN`].
+fn token_file(dir: &TestDir) -> String {
+    let path = dir.path.join("token");
+    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_caller_without_the_token_cannot_hold_the_connections() {
+    let secrets = TestDir::new("unauth-token");
+    let token = token_file(&secrets);
+    let setup = Setup::start(
+        "unauth",
+        &[
+            "--allow",
+            "helloworld.*",
+            "--token-file",
+            &token,
+            "--max-connections",
+            "4",
+            "--max-connections-per-peer",
+            "2",
+            // Far beyond the test: any connection closed here was closed for what it did.
+            "--idle-timeout",
+            "300s",
+        ],
+    );
+    let gateway: SocketAddr = setup.address.parse().unwrap();
+    let attacker: IpAddr = "127.0.0.2".parse().unwrap();
+    let honest: IpAddr = "127.0.0.1".parse().unwrap();
+    runtime().block_on(async {
+        // The attacker opens as many connections as the gateway serves, and calls without
+        // the token on each: only its peer's share is served, the rest closed at accept.
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for i in 0..4 {
+            let Ok(connection) = PeerConnection::open(attacker, gateway).await else {
+                refused += 1;
+                continue;
+            };
+            match connection.say_hello(&format!("attack {i}"), None).await {
+                Err(status) if status.code() == tonic::Code::Unauthenticated => {
+                    held.push(connection)
+                }
+                other => {
+                    assert!(other.is_err(), "served without the token");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((held.len(), refused), (2, 2), "per-peer cap not applied");
+        for connection in &held {
+            let status = connection.say_hello("again", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+            assert!(!connection.is_closed(), "closed after 2 failed calls");
+        }
+
+        // Meanwhile an honest client connects, and is served.
+        let mut honest_connections = Vec::new();
+        for i in 0..2 {
+            let connection = PeerConnection::open(honest, gateway).await.unwrap();
+            let reply = connection
+                .say_hello(&format!("honest {i}"), Some(TOKEN))
+                .await;
+            assert_eq!(reply.unwrap(), format!("Hello honest {i}!"));
+            honest_connections.push(connection);
+        }
+
+        // The attacker's third call in a row without the token is refused, saying that its
+        // connection closes; then the gateway closes it.
+        for mut connection in held {
+            let status = connection.say_hello("third", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+            assert!(
+                status.message().contains("closes this connection"),
+                "{status:?}"
+            );
+            assert!(
+                connection.closes_within(Duration::from_secs(10)).await,
+                "a connection stayed open after 3 failed calls"
+            );
+        }
+        // Its places are free again, and its next connection fares the same.
+        let mut again = PeerConnection::open(attacker, gateway).await.unwrap();
+        for _ in 0..3 {
+            let status = again.say_hello("more", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        }
+        assert!(again.closes_within(Duration::from_secs(10)).await);
+        let after = again.say_hello("after", Some(TOKEN)).await.unwrap_err();
+        assert_ne!(after.code(), tonic::Code::Ok);
+
+        // The honest connections were never touched.
+        for (i, connection) in honest_connections.iter().enumerate() {
+            assert!(!connection.is_closed());
+            let reply = connection
+                .say_hello(&format!("still {i}"), Some(TOKEN))
+                .await;
+            assert_eq!(reply.unwrap(), format!("Hello still {i}!"));
+        }
+    });
+}
+
+#[test]
+fn calls_without_the_token_keep_no_connection_open() {
+    let secrets = TestDir::new("idle-token");
+    let token = token_file(&secrets);
+    let setup = Setup::start(
+        "idle-unauth",
+        &[
+            "--allow",
+            "helloworld.*",
+            "--token-file",
+            &token,
+            "--idle-timeout",
+            "3s",
+        ],
+    );
+    let gateway: SocketAddr = setup.address.parse().unwrap();
+    let from: IpAddr = "127.0.0.1".parse().unwrap();
+    runtime().block_on(async {
+        let started = Instant::now();
+        let attacker = PeerConnection::open(from, gateway).await.unwrap();
+        let honest = PeerConnection::open(from, gateway).await.unwrap();
+        // 2.5 s in, each calls once (the attacker twice, not yet closed for failing).
+        tokio::time::sleep_until((started + Duration::from_millis(2500)).into()).await;
+        for _ in 0..2 {
+            let status = attacker.say_hello("idle", None).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        }
+        let reply = honest.say_hello("busy", Some(TOKEN)).await.unwrap();
+        assert_eq!(reply, "Hello busy!");
+        // The honest call keeps its connection until 3 s after it (5.5 s in at the
+        // earliest); the attacker's calls do not, so its connection is idle 3 s in.
+        tokio::time::sleep_until((started + Duration::from_millis(4800)).into()).await;
+        assert!(
+            attacker.is_closed(),
+            "calls without the token kept a connection open"
+        );
+        assert!(
+            !honest.is_closed(),
+            "an authenticated call was not activity"
+        );
+    });
+}
+
 #[test]
 fn mutual_tls_serves_only_clients_with_a_certificate_from_the_ca() {
     use rcgen::{
@@ -322,12 +472,34 @@ fn remote_errors_name_no_local_path() {
             "hung.*",
             "--allow",
             "stale.*",
+            "--allow",
+            "leaky.*",
             "--backend-connect-timeout",
             "1s",
         ],
     );
     hung_backend(&setup.dir.socket("hung.Service"));
     stale_socket(&setup.dir.socket("stale.Service"));
+    // A backend whose errors name local things, as netless's own errors do: the socket
+    // directory, a path through /proc, uids, gids and an ACL's lists of them.
+    let uid = rustix::process::geteuid().as_raw();
+    let leak = format!(
+        "uid {uid} gid 4343 is not allowed to use service `leaky.Service` at \
+         /proc/self/fd/9/leaky.Service.sock (its ACL admits uids [4242, {uid}], gids [4343]); \
+         its log is {}/leaky.log, its config /home/leaky/.config/netless, pid: 4444",
+        setup.dir.path.display()
+    );
+    let _leaky = netless::Server::bind(
+        "leaky.Service",
+        netless::ServerConfig {
+            dir: Some(setup.dir.path.clone()),
+            ..Default::default()
+        },
+        move |_req: &netless::Request<'_>, _resp: &mut netless::ResponseBuilder<'_>| {
+            Err(netless::Status::new(netless::Code::PermissionDenied, &leak))
+        },
+    )
+    .unwrap();
     let calls = [
         Call::new("/absent.Service/Get", b""),
         Call::new("/hung.Service/Get", b""),
@@ -335,6 +507,7 @@ fn remote_errors_name_no_local_path() {
         Call::new("/routeguide.RouteGuide/GetFeature", b""),
         Call::new("/netless.ctl/Get", b""),
         Call::new("/not-a-method-path", b""),
+        Call::new("/leaky.Service/Get", b""),
     ];
     let mut out = probe(&setup.address, &calls, &[]);
     let codes: Vec<&str> = out.iter().map(|o| o.code.as_str()).collect();
@@ -346,9 +519,17 @@ fn remote_errors_name_no_local_path() {
             "UNAVAILABLE",
             "UNIMPLEMENTED",
             "UNIMPLEMENTED",
-            "UNIMPLEMENTED"
+            "UNIMPLEMENTED",
+            "PERMISSION_DENIED",
         ],
         "{out:?}"
+    );
+    // The backend's error keeps its sense, less what names the machine.
+    assert_eq!(
+        out[6].details,
+        "uid <id> gid <id> is not allowed to use service `leaky.Service` at <path> (its ACL \
+         admits uids <ids>, gids <ids>); its log is <socket directory>, its config <path>, \
+         pid: <id>"
     );
     // A backend that dies: its calls fail, and say so without saying where it lived.
     drop(setup.backend.take());
@@ -362,15 +543,28 @@ fn remote_errors_name_no_local_path() {
         &[],
     ));
     assert!(
-        ["UNAVAILABLE", "UNIMPLEMENTED"].contains(&out[6].code.as_str()),
+        ["UNAVAILABLE", "UNIMPLEMENTED"].contains(&out[7].code.as_str()),
         "{:?}",
-        out[6]
+        out[7]
     );
     let dir = setup.dir.path.display().to_string();
     let tmp = std::env::temp_dir().display().to_string();
     for outcome in &out {
         assert!(!outcome.details.is_empty(), "{outcome:?}");
-        for private in [dir.as_str(), tmp.as_str(), ".sock", "netless-0"] {
+        let private = [
+            dir.as_str(),
+            tmp.as_str(),
+            ".sock",
+            "netless-0",
+            "/proc",
+            "/home",
+            ".config",
+            "leaky.log",
+            "4242",
+            "4343",
+            "4444",
+        ];
+        for private in private {
             assert!(
                 !outcome.details.contains(private),
                 "`{private}` seen remotely: {outcome:?}"
@@ -599,6 +793,57 @@ fn connections_past_the_limits_are_closed() {
             })
             .await
             .unwrap();
+    });
+}
+
+#[test]
+fn deadlines_past_the_max_timeout_are_cut() {
+    let setup = Setup::start(
+        "max-timeout",
+        &["--allow", "helloworld.*", "--max-timeout", "700ms"],
+    );
+    runtime().block_on(async {
+        let channel = connect(&setup.address).await;
+        let mut greeter = GreeterClient::new(channel);
+        let call = |name: &str, timeout: Option<Duration>| {
+            let mut request = tonic::Request::new(HelloRequest { name: name.into() });
+            if let Some(timeout) = timeout {
+                request.set_timeout(timeout);
+            }
+            request
+        };
+        // A call that asks for an hour, and one that asks for no deadline (the default
+        // timeout, 60 s), get 700 ms: the slow greeting (1.5 s) is cut.
+        for timeout in [Some(Duration::from_secs(3600)), None] {
+            let started = Instant::now();
+            let status = greeter.say_hello(call("slow", timeout)).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_secs(10),
+                "{timeout:?}: cut after {took:?}"
+            );
+        }
+        // Calls within the bound are served as they ask.
+        let reply = greeter
+            .say_hello(call("quick", Some(Duration::from_secs(10))))
+            .await
+            .unwrap();
+        assert_eq!(reply.into_inner().message, "Hello quick!");
+    });
+    // Without a bound (`0`), the slow greeting has the hour it asks for.
+    let (_unbounded, address) = start_gateway(
+        &setup.dir.path,
+        &["--allow", "helloworld.*", "--max-timeout", "0"],
+    );
+    runtime().block_on(async {
+        let mut greeter = GreeterClient::new(connect(&address).await);
+        let mut request = tonic::Request::new(HelloRequest {
+            name: "slow".into(),
+        });
+        request.set_timeout(Duration::from_secs(3600));
+        let reply = greeter.say_hello(request).await.unwrap();
+        assert_eq!(reply.into_inner().message, "Hello slow!");
     });
 }
 

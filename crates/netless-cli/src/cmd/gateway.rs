@@ -39,12 +39,18 @@ pub struct Args {
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
     /// File holding a bearer token every call must present as `authorization: Bearer
-    /// <token>` (else UNAUTHENTICATED). The file must not be open to group or others.
+    /// <token>` (else UNAUTHENTICATED; after 3 such calls in a row the connection is
+    /// closed, and calls without it do not keep a connection from the idle timeout). The
+    /// file must not be open to group or others.
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// Connections served at once; more are closed as soon as they are accepted.
     #[arg(long, default_value_t = GatewayLimits::default().max_connections)]
     pub max_connections: usize,
+    /// Connections served at once from one peer (an IPv4 address, an IPv6 /64 network);
+    /// its further ones are closed as soon as they are accepted.
+    #[arg(long, default_value_t = GatewayLimits::default().max_connections_per_peer)]
+    pub max_connections_per_peer: usize,
     /// Streams (calls) one HTTP/2 connection may have open at once.
     #[arg(long, default_value_t = GatewayLimits::default().max_streams)]
     pub max_streams: u32,
@@ -52,13 +58,19 @@ pub struct Args {
     /// their deadline). Every connection may always have 2 calls at each service.
     #[arg(long, default_value_t = GatewayLimits::default().max_calls_per_connection)]
     pub max_calls_per_connection: usize,
-    /// Deadline of calls that carry no grpc-timeout (`500ms`, `30s`, `5m`; `0` for none).
+    /// Deadline of calls that carry no grpc-timeout (`500ms`, `30s`, `5m`; `0` for none),
+    /// at most --max-timeout.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub default_timeout: Duration,
+    /// The longest deadline a call gets: a longer grpc-timeout (or none, with
+    /// --default-timeout 0) is cut to it before the call goes to the backend (`0` for no
+    /// bound: then a client may ask for a backend's resources for as long as it likes).
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub max_timeout: Duration,
     /// Time a client has to complete the TLS handshake.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub tls_handshake_timeout: Duration,
-    /// A connection with no call under way for this long is closed (GOAWAY).
+    /// A connection with no authenticated call under way for this long is closed (GOAWAY).
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
     /// Netless connections to each backend service at most, opened as calls need them.
@@ -105,9 +117,11 @@ impl Args {
     fn limits(&self) -> GatewayLimits {
         GatewayLimits {
             max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
             max_streams: self.max_streams,
             max_calls_per_connection: self.max_calls_per_connection,
             default_timeout: (!self.default_timeout.is_zero()).then_some(self.default_timeout),
+            max_timeout: (!self.max_timeout.is_zero()).then_some(self.max_timeout),
             tls_handshake_timeout: self.tls_handshake_timeout,
             idle_timeout: self.idle_timeout,
             backend_connections: self.backend_connections,

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 pub(crate) mod interop;
+pub(crate) mod peer;
 
 pub(crate) use netless_testing::{Output, Proc, TestDir, SHORT, SHUTDOWN, STARTUP};
 

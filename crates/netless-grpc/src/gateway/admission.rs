@@ -1,6 +1,7 @@
 //! Admission of forwarded calls, per remote connection: its bound on calls at the backends
 //! (a semaphore; calls past it wait their turn, up to their deadline), the share of a
-//! service's links each call takes, and the activity its idle timeout watches.
+//! service's links each call takes, the activity its idle timeout watches (authenticated
+//! calls only), and the count of calls in a row that failed authentication, which closes it.
 //!
 //! Shares: every connection may have [`RESERVED_PER_SERVICE`] calls at each service from
 //! capacity set aside for it (the gateway is built only if the links can carry
@@ -11,7 +12,7 @@
 //! touches a backend's connections.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use super::auth::MAX_FAILED_AUTHENTICATIONS;
 use super::backends::{Backend, LinkGuard};
 use super::public::Scrubber;
 
@@ -41,6 +43,10 @@ pub(crate) struct RemoteConnection {
     last_active: Mutex<Instant>,
     /// Notified when the last call under way ends.
     quiet: Notify,
+    /// Calls in a row that failed authentication. Relaxed: a count that orders nothing.
+    failed_authentications: AtomicU32,
+    /// Notified (once, its permit kept) when the connection is to close.
+    close: Notify,
 }
 
 impl RemoteConnection {
@@ -51,7 +57,30 @@ impl RemoteConnection {
             active: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
             quiet: Notify::new(),
+            failed_authentications: AtomicU32::new(0),
+            close: Notify::new(),
         })
+    }
+
+    /// A call presented the gateway's token: the failures before it are forgiven.
+    pub(crate) fn authenticated(&self) {
+        self.failed_authentications.store(0, Ordering::Relaxed);
+    }
+
+    /// A call failed authentication; `true` if that makes
+    /// [`MAX_FAILED_AUTHENTICATIONS`] in a row, and the connection is to close.
+    pub(crate) fn failed_authentication(&self) -> bool {
+        let failed = self.failed_authentications.fetch_add(1, Ordering::Relaxed) + 1;
+        if failed < MAX_FAILED_AUTHENTICATIONS {
+            return false;
+        }
+        self.close.notify_one();
+        true
+    }
+
+    /// Completes once the connection is to close (see [`Self::failed_authentication`]).
+    pub(crate) async fn closing(&self) {
+        self.close.notified().await;
     }
 
     /// A call begins: the connection is not idle until it ends.
@@ -252,5 +281,33 @@ mod tests {
             assert!(took >= Duration::from_millis(400), "idle after {took:?}");
             assert!(took < Duration::from_secs(2), "idle after {took:?}");
         });
+    }
+
+    #[test]
+    fn failures_to_authenticate_in_a_row_close_a_connection() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let connection = RemoteConnection::new(4);
+        for _ in 1..MAX_FAILED_AUTHENTICATIONS {
+            assert!(!connection.failed_authentication());
+        }
+        connection.authenticated();
+        for _ in 1..MAX_FAILED_AUTHENTICATIONS {
+            assert!(!connection.failed_authentication());
+        }
+        let closes = || {
+            runtime.block_on(async {
+                tokio::time::timeout(Duration::from_millis(50), connection.closing())
+                    .await
+                    .is_ok()
+            })
+        };
+        assert!(!closes(), "closing before the limit");
+        assert!(connection.failed_authentication());
+        assert!(closes(), "not closing at the limit");
+        // Failed calls are no activity: the connection goes idle as if they never came.
+        assert_eq!(connection.active.load(Ordering::Relaxed), 0);
     }
 }

@@ -9,6 +9,24 @@ use http::header::AUTHORIZATION;
 use http::HeaderMap;
 use netless::{Code, Status};
 
+/// Calls in a row without the token after which the gateway closes their connection: a
+/// client that lost or never had the token learns it at once, and one that keeps calling
+/// without it holds no connection for long.
+pub(crate) const MAX_FAILED_AUTHENTICATIONS: u32 = 3;
+
+/// `status`, the refusal of the call that made [`MAX_FAILED_AUTHENTICATIONS`] in a row,
+/// saying that its connection closes.
+pub(crate) fn closing(status: &Status) -> Status {
+    Status::new(
+        status.code(),
+        format!(
+            "{}; the gateway closes this connection: {MAX_FAILED_AUTHENTICATIONS} calls in a \
+             row did not authenticate",
+            status.message()
+        ),
+    )
+}
+
 /// The token every call must present.
 pub(crate) struct BearerToken(Box<[u8]>);
 

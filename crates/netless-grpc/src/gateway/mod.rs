@@ -72,6 +72,10 @@ pub struct GatewayLimits {
     /// Connections served at once (default 256); the next ones are closed as soon as they
     /// are accepted.
     pub max_connections: usize,
+    /// Connections served at once from one peer (default 64): an IPv4 address, or an IPv6
+    /// /64 network (what one host is commonly given); its next ones are closed as soon as
+    /// they are accepted, so one address cannot take every connection.
+    pub max_connections_per_peer: usize,
     /// Streams (calls) one HTTP/2 connection may have open at once: its
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` (default 100).
     pub max_streams: u32,
@@ -80,12 +84,17 @@ pub struct GatewayLimits {
     /// calls at each service, whatever other connections hold there.
     pub max_calls_per_connection: usize,
     /// Deadline of calls that set none (no `grpc-timeout`), passed on to the backend
-    /// (default 60 s); `None`: such calls may last as long as their backend lets them.
+    /// (default 60 s); `None`: such calls may last as long as their backend and
+    /// `max_timeout` let them.
     pub default_timeout: Option<Duration>,
+    /// The longest deadline a call gets (default 300 s): a longer `grpc-timeout`, or none,
+    /// is cut to it before it is passed on to the backend; `None`: no bound.
+    pub max_timeout: Option<Duration>,
     /// Time a client has to complete the TLS handshake (default 10 s).
     pub tls_handshake_timeout: Duration,
     /// A connection with no call under way for this long is closed with GOAWAY (default
-    /// 120 s); so is one that opens no stream at all.
+    /// 120 s); so is one that opens no stream at all. A call refused for its bearer token
+    /// does not count.
     pub idle_timeout: Duration,
     /// Netless connections to each backend service at most (default 8), opened as the
     /// calls to it need them; calls go to the least loaded. Each carries up to
@@ -100,9 +109,11 @@ impl Default for GatewayLimits {
     fn default() -> GatewayLimits {
         GatewayLimits {
             max_connections: 256,
+            max_connections_per_peer: 64,
             max_streams: 100,
             max_calls_per_connection: 64,
             default_timeout: Some(Duration::from_secs(60)),
+            max_timeout: Some(Duration::from_secs(300)),
             tls_handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             backend_connections: 8,
@@ -115,6 +126,7 @@ impl GatewayLimits {
     fn validate(&self) -> Result<(), String> {
         let positive = [
             ("max_connections", self.max_connections),
+            ("max_connections_per_peer", self.max_connections_per_peer),
             ("max_streams", self.max_streams as usize),
             ("max_calls_per_connection", self.max_calls_per_connection),
             ("backend_connections", self.backend_connections),
@@ -129,6 +141,7 @@ impl GatewayLimits {
                 "default_timeout",
                 self.default_timeout.unwrap_or(Duration::MAX),
             ),
+            ("max_timeout", self.max_timeout.unwrap_or(Duration::MAX)),
             ("tls_handshake_timeout", self.tls_handshake_timeout),
             ("idle_timeout", self.idle_timeout),
             ("backend_connect_timeout", self.backend_connect_timeout),
@@ -319,7 +332,8 @@ impl Gateway {
         )
     }
 
-    /// Connections closed on accept because `max_connections` were being served.
+    /// Connections closed on accept because `max_connections` were being served, or
+    /// `max_connections_per_peer` from their peer.
     pub fn refused_connections(&self) -> u64 {
         self.inner.refused_connections.load(Ordering::Relaxed)
     }
@@ -332,6 +346,15 @@ impl Gateway {
     ) -> http::Response<tonic::body::Body> {
         let inner = &*self.inner;
         inner.calls.fetch_add(1, Ordering::Relaxed);
+        let request = match self.authenticate(request, remote) {
+            Ok(request) => request,
+            Err(status) => {
+                inner.refused.fetch_add(1, Ordering::Relaxed);
+                return status_response(&status);
+            }
+        };
+        // Only now is the call activity: a caller without the token must not keep its
+        // connection from the idle timeout by calling.
         let mut held = Held {
             _activity: Some(remote.begin()),
             ..Held::default()
@@ -365,6 +388,28 @@ impl Gateway {
         }
     }
 
+    /// Checks the call's bearer token, if the gateway requires one, and takes it out of the
+    /// request. `auth::MAX_FAILED_AUTHENTICATIONS` calls in a row without it close `remote`.
+    fn authenticate(
+        &self,
+        mut request: http::Request<Incoming>,
+        remote: &RemoteConnection,
+    ) -> Result<http::Request<Incoming>, Status> {
+        let Some(token) = &self.inner.token else {
+            return Ok(request);
+        };
+        if let Err(status) = token.check(request.headers()) {
+            if remote.failed_authentication() {
+                return Err(auth::closing(&status));
+            }
+            return Err(status);
+        }
+        remote.authenticated();
+        // The gateway's secret is not the backends' business.
+        request.headers_mut().remove(AUTHORIZATION);
+        Ok(request)
+    }
+
     /// Checks a call against the gateway's rules and takes what it needs to go ahead (a
     /// permit of its connection, a share of its service, a link), into `held`. Returns the
     /// request as it goes to the backend.
@@ -375,11 +420,6 @@ impl Gateway {
         held: &mut Held,
     ) -> Result<http::Request<Incoming>, Status> {
         let inner = &*self.inner;
-        if let Some(token) = &inner.token {
-            token.check(request.headers())?;
-            // The gateway's secret is not the backends' business.
-            request.headers_mut().remove(AUTHORIZATION);
-        }
         let path = request.uri().path();
         let service = service_of(path)
             .ok_or_else(|| public::not_a_method_path(path))?
@@ -410,16 +450,25 @@ impl Gateway {
         Ok(request)
     }
 
-    /// The call's deadline: its `grpc-timeout`, else the default timeout's, which is then
-    /// written into `headers` for the backend.
+    /// The call's deadline: its `grpc-timeout`, else the default timeout's, at most the
+    /// max timeout's. Written into `headers` for the backend unless it is the call's own.
     fn deadline(&self, headers: &mut HeaderMap) -> Option<Instant> {
-        if let Some(deadline) = headers
+        let limits = &self.inner.limits;
+        let now = Instant::now();
+        let after = |timeout: Option<Duration>| timeout.and_then(|t| now.checked_add(t));
+        let asked = headers
             .get(GRPC_TIMEOUT)
-            .and_then(|v| parse_grpc_timeout(v.as_bytes()))
-        {
-            return Some(deadline);
-        }
-        let deadline = Instant::now().checked_add(self.inner.limits.default_timeout?)?;
+            .and_then(|v| parse_grpc_timeout(v.as_bytes()));
+        let cap = after(limits.max_timeout);
+        let deadline = match (asked, cap) {
+            (Some(asked), Some(cap)) if asked <= cap => return Some(asked),
+            (Some(asked), None) => return Some(asked),
+            (Some(_), Some(cap)) => cap,
+            (None, cap) => match (after(limits.default_timeout), cap) {
+                (Some(default), Some(cap)) => default.min(cap),
+                (default, cap) => default.or(cap)?,
+            },
+        };
         headers.insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
         Some(deadline)
     }
@@ -478,5 +527,54 @@ mod tests {
             .contains("idle_timeout"));
         let fine = Gateway::builder(config()).allow("helloworld.*").build();
         assert!(fine.is_ok(), "{fine:?}");
+    }
+
+    #[test]
+    fn deadlines_are_at_most_the_max_timeout() {
+        let gateway = |default_timeout: Option<u64>, max_timeout: Option<u64>| {
+            let limits = GatewayLimits {
+                default_timeout: default_timeout.map(Duration::from_secs),
+                max_timeout: max_timeout.map(Duration::from_secs),
+                ..GatewayLimits::default()
+            };
+            let config = ClientConfig {
+                dir: Some("/nonexistent".into()),
+                ..ClientConfig::default()
+            };
+            Gateway::builder(config).limits(limits).build().unwrap()
+        };
+        // Checks the timeout a call gets and the one its backend sees, in seconds (the
+        // header's seconds are whole: within a second).
+        let check = |gateway: &Gateway, asked: Option<&'static str>, expected: Option<u64>| {
+            let mut headers = HeaderMap::new();
+            if let Some(asked) = asked {
+                headers.insert(GRPC_TIMEOUT, http::HeaderValue::from_static(asked));
+            }
+            let now = Instant::now();
+            let seconds = |d: Instant| d.duration_since(now).as_secs_f64();
+            let deadline = gateway.deadline(&mut headers).map(seconds);
+            let passed = headers
+                .get(GRPC_TIMEOUT)
+                .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+                .map(seconds);
+            for got in [deadline, passed] {
+                let near = match (got, expected) {
+                    (Some(got), Some(expected)) => (got - expected as f64).abs() <= 1.0,
+                    (got, expected) => got.is_none() && expected.is_none(),
+                };
+                assert!(near, "{asked:?}: {deadline:?} {passed:?}, not {expected:?}");
+            }
+        };
+        let capped = gateway(Some(60), Some(300));
+        check(&capped, Some("10S"), Some(10));
+        check(&capped, Some("2H"), Some(300));
+        check(&capped, Some("99999999S"), Some(300));
+        check(&capped, None, Some(60));
+        check(&capped, Some("nonsense"), Some(60));
+        check(&gateway(Some(60), Some(20)), None, Some(20));
+        check(&gateway(None, Some(300)), None, Some(300));
+        let unbounded = gateway(None, None);
+        check(&unbounded, Some("2H"), Some(7200));
+        check(&unbounded, None, None);
     }
 }

@@ -1,14 +1,16 @@
 //! The gateway's listener and its connections: accepting (at most `max_connections` at
-//! once; the next are closed at once), the TLS handshake (with a deadline), HTTP/2 with its
+//! once, and `max_connections_per_peer` from one peer; the next are closed at once), the
+//! TLS handshake (with a deadline), HTTP/2 with its
 //! limits (concurrent streams, keepalive pings), and closing a connection that has had no
-//! call for the idle timeout. Each call goes to [`Gateway::forward`]; this module never
-//! looks inside one.
+//! authenticated call for the idle timeout, or too many calls in a row without the token.
+//! Each call goes to [`Gateway::forward`]; this module never looks inside one.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -38,7 +40,9 @@ impl Gateway {
         tls: Option<TlsAcceptor>,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
-        let slots = Arc::new(Semaphore::new(self.inner.limits.max_connections));
+        let limits = &self.inner.limits;
+        let slots = Arc::new(Semaphore::new(limits.max_connections));
+        let peers = Arc::new(Peers::new(limits.max_connections_per_peer));
         let mut warned: Option<Instant> = None;
         tokio::pin!(shutdown);
         loop {
@@ -54,7 +58,9 @@ impl Gateway {
                 },
                 () = &mut shutdown => return Ok(()),
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
+            let place = Peers::take(&peers, peer.ip());
+            let slot = slots.clone().try_acquire_owned().ok();
+            let (Some(place), Some(slot)) = (place, slot) else {
                 // Closed at once: the client sees its connection reset, not a hang.
                 drop(socket);
                 self.inner
@@ -63,24 +69,28 @@ impl Gateway {
                 if warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
                     warned = Some(Instant::now());
                     tracing::warn!(
-                        "gateway: {} connections already; closing new ones",
-                        self.inner.limits.max_connections
+                        "gateway: {} connections already, or {} from {}; closing new ones",
+                        limits.max_connections,
+                        limits.max_connections_per_peer,
+                        peer.ip()
                     );
                 }
                 continue;
             };
             let _ = socket.set_nodelay(true);
-            tokio::spawn(self.clone().connection(socket, peer, tls.clone(), slot));
+            let held = (slot, place);
+            tokio::spawn(self.clone().connection(socket, peer, tls.clone(), held));
         }
     }
 
-    /// Serves one accepted connection; `_slot` is its place under `max_connections`.
+    /// Serves one accepted connection; `_held` is its place under `max_connections` and
+    /// under its peer's `max_connections_per_peer`.
     async fn connection(
         self,
         socket: TcpStream,
         peer: SocketAddr,
         tls: Option<TlsAcceptor>,
-        _slot: OwnedSemaphorePermit,
+        _held: (OwnedSemaphorePermit, PeerPlace),
     ) {
         let limits = &self.inner.limits;
         let remote = RemoteConnection::new(limits.max_calls_per_connection);
@@ -106,7 +116,8 @@ impl Gateway {
     }
 
     /// Runs HTTP/2 on `io` until the peer closes, or the connection has been idle for the
-    /// idle timeout (then GOAWAY, and a moment for the peer to close).
+    /// idle timeout or failed authentication too often (then GOAWAY, and a moment for the
+    /// calls under way to end and the peer to close).
     async fn http2<T>(&self, io: T, remote: Arc<RemoteConnection>) -> Result<(), hyper::Error>
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -132,10 +143,110 @@ impl Gateway {
         tokio::select! {
             served = &mut connection => return served,
             () = remote.idle(limits.idle_timeout) => {}
+            () = remote.closing() => {}
         }
         connection.inner().graceful_shutdown();
         tokio::time::timeout(CLOSE_GRACE, connection)
             .await
             .unwrap_or(Ok(()))
+    }
+}
+
+/// Connections served per peer, at most `limit` each.
+struct Peers {
+    limit: usize,
+    counts: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Peers {
+    fn new(limit: usize) -> Peers {
+        Peers {
+            limit,
+            counts: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place for a connection from `ip`; `None` if its peer has `limit` already.
+    fn take(peers: &Arc<Peers>, ip: IpAddr) -> Option<PeerPlace> {
+        let peer = peer_of(ip);
+        let mut counts = peers.lock();
+        let count = counts.entry(peer).or_insert(0);
+        if *count >= peers.limit {
+            return None;
+        }
+        *count += 1;
+        Some(PeerPlace {
+            peers: peers.clone(),
+            peer,
+        })
+    }
+}
+
+/// A connection's place under its peer's limit, given back when dropped.
+struct PeerPlace {
+    peers: Arc<Peers>,
+    peer: IpAddr,
+}
+
+impl Drop for PeerPlace {
+    fn drop(&mut self) {
+        let mut counts = self.peers.lock();
+        if let Some(count) = counts.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                // Peers come and go: the map holds only those with connections.
+                counts.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// The peer connections from `ip` are counted under: an IPv4 address (IPv4-mapped IPv6
+/// ones included) as it is, an IPv6 address by its /64 network, since a host commonly has
+/// a whole /64 to pick addresses from.
+fn peer_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let network = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(Ipv6Addr::from(network))
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_gets_its_limit_and_places_come_back() {
+        let peers = Arc::new(Peers::new(2));
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let first = Peers::take(&peers, a).unwrap();
+        let second = Peers::take(&peers, a).unwrap();
+        assert!(Peers::take(&peers, a).is_none());
+        // The same address mapped into IPv6 is the same peer.
+        assert!(Peers::take(&peers, "::ffff:192.0.2.1".parse().unwrap()).is_none());
+        let other = Peers::take(&peers, b).unwrap();
+        drop(first);
+        let again = Peers::take(&peers, a).unwrap();
+        drop((second, again, other));
+        assert!(peers.lock().is_empty());
+    }
+
+    #[test]
+    fn ipv6_peers_are_their_64_networks() {
+        let one = |text: &str| peer_of(text.parse().unwrap());
+        assert_eq!(one("2001:db8:1:2::1"), one("2001:db8:1:2:ffff::9"));
+        assert_ne!(one("2001:db8:1:2::1"), one("2001:db8:1:3::1"));
+        assert_eq!(one("::ffff:10.0.0.1"), one("10.0.0.1"));
     }
 }
