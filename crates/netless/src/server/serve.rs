@@ -270,7 +270,9 @@ impl<'s> WorkerContext<'s> {
     ) -> Result<Option<Compact<'s>>, &'static str> {
         let (mut c, mut body, mut end) = next;
         let max_message = self.server.config.max_message;
-        self.with_builder(conn, |request, builder, cx| loop {
+        // Counted in a local: `count` behind a reference would be stored every request.
+        let mut served = *count;
+        let outcome = self.with_builder(conn, |request, builder, cx| loop {
             let call_id = u64::from(c.call_id);
             builder.reset(call_id);
             request.payload = body;
@@ -279,11 +281,11 @@ impl<'s> WorkerContext<'s> {
             if let Err(why) = sent {
                 break Err(why);
             }
-            *count += 1;
+            served += 1;
             if c.flags & compact_flags::MORE == 0 {
                 break Ok(None);
             }
-            if *count >= MAX_BATCH {
+            if served >= MAX_BATCH {
                 break Err(TOO_LONG);
             }
             match next_compact(run, end, max_message) {
@@ -291,7 +293,9 @@ impl<'s> WorkerContext<'s> {
                 Ok(other) => break Ok(Some(other)),
                 Err(why) => break Err(why),
             }
-        })
+        });
+        *count = served;
+        outcome
     }
 }
 
