@@ -20,169 +20,33 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use netless_shm::SocketDir;
 use rustix::event::{PollFd, PollFlags};
 use rustix::fs::FlockOperation;
 
 use crate::domain::lock;
-use crate::layout::{member_state, PoolMap, MAX_MEMBERS};
-use crate::members::{
-    claim_row, pid_namespace, reap_dead_members, row_alive, token_in_use, Identity, Tokens,
-};
+use crate::layout::PoolMap;
+use crate::members::{claim_row, reap_dead_members, row_alive, Identity, Tokens};
 use crate::{Domain, DomainConfig, PoolError};
+
+mod admit;
+mod files;
+mod handshake;
+
+use admit::Joins;
+use files::{bind, paths, try_flock, Paths};
+use handshake::{join_err, try_connect, Attempt};
 
 const JOIN_MAGIC: &[u8; 4] = b"NLDJ";
 const WELCOME_MAGIC: &[u8; 4] = b"NLDW";
 const PROTOCOL: u32 = 2;
 const TICK: Duration = Duration::from_millis(250);
-
-/// The files of domain `name` in the socket directory (the names of its entries).
-struct Paths {
-    dir: SocketDir,
-    socket: String,
-    lock: String,
-    members: String,
-}
-
-impl Paths {
-    /// The socket's path, for messages.
-    fn socket_path(&self) -> PathBuf {
-        self.dir.path().join(&self.socket)
-    }
-
-    /// Opens (creating) one of the domain's lock files. Readable by others: members of
-    /// other uids the ACL admits lock them too.
-    fn open(&self, name: &str) -> Result<File, PoolError> {
-        Ok(self.dir.open_lock_file(name, 0o644)?)
-    }
-}
-
-fn paths(config: &DomainConfig) -> Result<Paths, PoolError> {
-    // A directory of a uid the ACL admits is as trusted as that uid's coordinator.
-    let dir = SocketDir::resolve(config.dir.as_deref(), config.acl.uids())?;
-    let stem = format!("netless-domain.{}", config.name);
-    // Validates the name, and that the socket's path fits in a socket address.
-    netless_shm::service_socket_path(dir.path(), &stem)?;
-    Ok(Paths {
-        socket: format!("{stem}.sock"),
-        lock: format!("{stem}.lock"),
-        members: format!("{stem}.members"),
-        dir,
-    })
-}
-
-fn try_flock(file: &File, op: FlockOperation) -> bool {
-    rustix::fs::flock(file, op).is_ok()
-}
-
-enum Attempt {
-    NoCoordinator,
-    Joined(UnixStream, Option<OwnedFd>, usize),
-}
-
-fn join_err(config: &DomainConfig, reason: String) -> PoolError {
-    PoolError::Join {
-        name: config.name.clone(),
-        reason,
-    }
-}
-
-/// One try at joining through the socket as `me`; `rejoin` re-registers an existing member.
-fn try_connect(
-    config: &DomainConfig,
-    paths: &Paths,
-    me: &Identity,
-    rejoin: Option<(u64, usize, u32)>,
-) -> Result<Attempt, PoolError> {
-    let stream = match paths.dir.connect(&paths.socket) {
-        Ok(s) => s,
-        Err(e) if netless_shm::nobody_listens(&e) => return Ok(Attempt::NoCoordinator),
-        Err(e) => {
-            return Err(join_err(
-                config,
-                format!("connect to {}: {e}", paths.socket_path().display()),
-            ))
-        }
-    };
-    // Nothing goes to a coordinator the ACL would not admit as a member.
-    let cred = netless_shm::peer_cred(&stream)?;
-    if !config.acl.allows(&cred) {
-        return Err(join_err(
-            config,
-            format!(
-                "the coordinator at {} runs as uid {} gid {}, which the domain's ACL does not \
-                 allow: another user may be impersonating it; nothing was sent",
-                paths.socket_path().display(),
-                cred.uid,
-                cred.gid
-            ),
-        ));
-    }
-    let io = |e: std::io::Error| join_err(config, format!("socket set-up: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .map_err(io)?;
-    stream
-        .set_write_timeout(Some(Duration::from_secs(2)))
-        .map_err(io)?;
-    let mut req = JOIN_MAGIC.to_vec();
-    req.extend_from_slice(&PROTOCOL.to_le_bytes());
-    let (domain, member, generation) = rejoin.unwrap_or((0, u32::MAX as usize, 0));
-    req.extend_from_slice(&domain.to_le_bytes());
-    req.extend_from_slice(&(member as u32).to_le_bytes());
-    req.extend_from_slice(&generation.to_le_bytes());
-    req.extend_from_slice(&me.token.to_le_bytes());
-    req.extend_from_slice(&me.pid.to_le_bytes());
-    req.extend_from_slice(&me.pid_ns.to_le_bytes());
-    let reply = netless_shm::send_frame(&stream, &req, &[])
-        .and_then(|()| netless_shm::recv_frame(&stream, 1));
-    let (payload, fds) = match reply {
-        Ok(r) => r,
-        // The coordinator is exiting: treat as absent and retry.
-        Err(netless_shm::Error::PeerClosed) => return Ok(Attempt::NoCoordinator),
-        Err(e) => {
-            return Err(join_err(
-                config,
-                format!("handshake with the coordinator: {e}"),
-            ))
-        }
-    };
-    if payload.len() < 5 || &payload[..4] != WELCOME_MAGIC {
-        return Err(join_err(
-            config,
-            "the coordinator sent a malformed reply".into(),
-        ));
-    }
-    if payload[4] != 0 {
-        return Err(join_err(
-            config,
-            String::from_utf8_lossy(&payload[5..]).into_owned(),
-        ));
-    }
-    if payload.len() != 5 + 16 {
-        return Err(join_err(
-            config,
-            "the coordinator sent a malformed welcome".into(),
-        ));
-    }
-    let member = u32::from_le_bytes(payload[13..17].try_into().expect("4 bytes")) as usize;
-    if member >= MAX_MEMBERS {
-        return Err(join_err(
-            config,
-            format!("the coordinator assigned member {member}"),
-        ));
-    }
-    stream.set_read_timeout(None).map_err(io)?;
-    Ok(Attempt::Joined(stream, fds.into_iter().next(), member))
-}
 
 /// Joins domain `config.name`, founding it if nobody coordinates it.
 pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
@@ -256,23 +120,6 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-fn bind(paths: &Paths) -> Result<UnixListener, String> {
-    // We hold the domain's lock: any socket file there is a dead coordinator's.
-    let socket = paths.socket_path();
-    paths
-        .dir
-        .remove(&paths.socket)
-        .map_err(|e| format!("removing {}: {e}", socket.display()))?;
-    let listener = paths
-        .dir
-        .bind(&paths.socket)
-        .map_err(|e| format!("bind {}: {e}", socket.display()))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("set_nonblocking: {e}"))?;
-    Ok(listener)
 }
 
 /// A fresh liveness token: random, so no two processes of a domain pick the same one.
@@ -515,183 +362,4 @@ impl Serve {
         drop(lock_file);
         self.shared.coordinator.store(false, Ordering::Release);
     }
-}
-
-/// Most joins in progress at once; a process arriving beyond them is refused at once (and
-/// retries, as for any refusal).
-const MAX_JOINS: usize = 64;
-/// How long one whole join may take, however the joining process paces its bytes.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bytes of a join request: magic, protocol, domain id, member row and generation (to
-/// rejoin), liveness token, pid and pid namespace.
-const JOIN_LEN: usize = 44;
-
-/// The joins in progress, each on a thread of its own with one deadline, so that a member
-/// that sends its request slowly (or not at all) holds up no one else's join, no hang-up and
-/// no reaping; and the members they admitted, for the coordinator to watch.
-struct Joins {
-    /// Each join's thread, and a handle on its socket to cut it short on stop.
-    in_flight: Vec<(JoinHandle<()>, UnixStream)>,
-    admitted: Arc<Mutex<Vec<(UnixStream, usize)>>>,
-}
-
-impl Joins {
-    fn new() -> Joins {
-        Joins {
-            in_flight: Vec::new(),
-            admitted: Arc::new(Mutex::new(Vec::new())),
-        }
-    }
-
-    /// Starts the join of the process that just connected on `stream`.
-    fn start(&mut self, serve: &Serve, stream: UnixStream) {
-        self.in_flight.retain(|(thread, _)| !thread.is_finished());
-        if self.in_flight.len() >= MAX_JOINS {
-            refuse(
-                &stream,
-                "the coordinator is busy admitting members: retry",
-                Instant::now() + Duration::from_millis(20),
-            );
-            return;
-        }
-        let Ok(handle) = stream.try_clone() else {
-            return;
-        };
-        let (config, map, me) = (serve.config.clone(), serve.map.clone(), serve.member);
-        let tokens = serve.tokens.clone();
-        let admitted = self.admitted.clone();
-        let spawned = std::thread::Builder::new()
-            .name("netless-pool-join".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                let deadline = Instant::now() + JOIN_TIMEOUT;
-                match admit(&config, (&map, &tokens), me, &stream, deadline) {
-                    Some(member) => lock(&admitted).push((stream, member)),
-                    // Shut down, not just closed: the coordinator holds a second handle.
-                    None => {
-                        let _ = stream.shutdown(std::net::Shutdown::Both);
-                    }
-                }
-            });
-        match spawned {
-            Ok(thread) => self.in_flight.push((thread, handle)),
-            Err(e) => tracing::warn!("netless-pool: cannot spawn a join thread: {e}"),
-        }
-    }
-
-    /// The members admitted since the last call, with their sockets.
-    fn take_admitted(&self) -> Vec<(UnixStream, usize)> {
-        std::mem::take(&mut *lock(&self.admitted))
-    }
-
-    /// Cuts every join in progress short and waits for their threads.
-    fn stop(&mut self) {
-        for (_, stream) in &self.in_flight {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-        }
-        for (thread, _) in self.in_flight.drain(..) {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Tells a joining process why it is refused.
-fn refuse(stream: &UnixStream, why: &str, deadline: Instant) -> Option<usize> {
-    let mut reply = WELCOME_MAGIC.to_vec();
-    reply.push(1);
-    reply.extend_from_slice(why.as_bytes());
-    let _ = netless_shm::send_frame_by(stream, &reply, &[], deadline);
-    None
-}
-
-/// Handles one join request, all of it by `deadline`; returns the member row to watch.
-/// `me` is the coordinator's own row.
-fn admit(
-    config: &DomainConfig,
-    (map, tokens): (&PoolMap, &Tokens),
-    me: usize,
-    stream: &UnixStream,
-    deadline: Instant,
-) -> Option<usize> {
-    let _ = stream.set_nonblocking(false);
-    let cred = netless_shm::peer_cred(stream).ok()?;
-    if !config.acl.allows(&cred) {
-        let why = format!(
-            "uid {} gid {} is not allowed by the domain's ACL",
-            cred.uid, cred.gid
-        );
-        return refuse(stream, &why, deadline);
-    }
-    let (req, _) = netless_shm::recv_frame_by(stream, 0, JOIN_LEN, deadline).ok()?;
-    if req.len() != JOIN_LEN || &req[..4] != JOIN_MAGIC {
-        return refuse(stream, "malformed join request", deadline);
-    }
-    if u32::from_le_bytes(req[4..8].try_into().ok()?) != PROTOCOL {
-        let why = format!("protocol version mismatch (the coordinator speaks {PROTOCOL})");
-        return refuse(stream, &why, deadline);
-    }
-    let domain = u64::from_le_bytes(req[8..16].try_into().ok()?);
-    let member = u32::from_le_bytes(req[16..20].try_into().ok()?) as usize;
-    let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
-    let who = Identity {
-        token: u64::from_le_bytes(req[24..32].try_into().ok()?),
-        pid: u32::from_le_bytes(req[32..36].try_into().ok()?),
-        pid_ns: u64::from_le_bytes(req[36..44].try_into().ok()?),
-    };
-    // Its row is judged by its token from the moment it exists: the token must be held, in
-    // the file we see, by now.
-    if who.token == 0 || who.token > netless_shm::MAX_LIVENESS_TOKEN || !tokens.held(who.token) {
-        return refuse(
-            stream,
-            "the joining process holds no liveness token in the domain's members file we see \
-             (is the socket directory the same file system for both?)",
-            deadline,
-        );
-    }
-    // What the kernel says of a process of our own pid namespace beats what it claims.
-    let ours = pid_namespace();
-    if who.pid_ns == ours && ours != 0 && i64::from(who.pid) != i64::from(cred.pid) {
-        let why = format!(
-            "the joining process says it is pid {}, its socket says pid {}",
-            who.pid, cred.pid
-        );
-        return refuse(stream, &why, deadline);
-    }
-    let (member, generation, pass_fd) = if member == u32::MAX as usize {
-        if token_in_use(map, who.token) {
-            return refuse(stream, "liveness token already in use: retry", deadline);
-        }
-        match claim_row(map, who, Some(me), tokens) {
-            Some((m, g)) => (m, g, true),
-            None => {
-                let why = format!("the domain is full ({MAX_MEMBERS} members)");
-                return refuse(stream, &why, deadline);
-            }
-        }
-    } else {
-        let row = map.members().get(member)?;
-        let expect = u64::from(generation) << 32 | member_state::ALIVE;
-        if domain != map.domain_id()
-            || row.state.load(Ordering::Acquire) != expect
-            || row.token.load(Ordering::Acquire) != who.token
-        {
-            return refuse(
-                stream,
-                "rejoin as a member this domain does not know",
-                deadline,
-            );
-        }
-        (member, generation, false)
-    };
-    let mut reply = WELCOME_MAGIC.to_vec();
-    reply.push(0);
-    reply.extend_from_slice(&map.domain_id().to_le_bytes());
-    reply.extend_from_slice(&(member as u32).to_le_bytes());
-    reply.extend_from_slice(&generation.to_le_bytes());
-    let fd = map.segment().fd();
-    let fds = if pass_fd { vec![fd.as_fd()] } else { vec![] };
-    netless_shm::send_frame_by(stream, &reply, &fds, deadline).ok()?;
-    let _ = stream.set_read_timeout(None);
-    let _ = stream.set_write_timeout(None);
-    Some(member)
 }
