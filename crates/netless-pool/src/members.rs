@@ -70,6 +70,11 @@ impl Tokens {
         Tokens(None)
     }
 
+    /// The members file this process holds its token on; none for a private pool.
+    pub(crate) fn file(&self) -> Option<&File> {
+        self.0.as_deref()
+    }
+
     /// Whether the holder of `token` still runs. False only when the kernel says nobody
     /// holds it (or there is no token at all); a failed question counts as alive.
     pub(crate) fn held(&self, token: u64) -> bool {

@@ -1,6 +1,7 @@
 //! The coordinator's side of the pool handshake: each join on a thread of its own, checked
-//! against the ACL and the members file, given a member row and the pool. It never watches
-//! the members it admitted (the coordinator's thread does).
+//! against the ACL, offered a members file of its own, checked against its liveness token,
+//! given a member row and the pool. It never watches the members it admitted (the
+//! coordinator's thread does).
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -9,10 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Serve, JOIN_MAGIC, PROTOCOL, WELCOME_MAGIC};
+use super::files::Paths;
+use super::handshake::{offer, refusal, welcome, Request, JOIN_LEN};
 use crate::domain::lock;
 use crate::layout::{member_state, PoolMap, MAX_MEMBERS};
-use crate::members::{claim_row, pid_namespace, token_in_use, Identity, Tokens};
+use crate::members::{claim_row, pid_namespace, token_in_use, Tokens};
 use crate::DomainConfig;
 
 /// Most joins in progress at once; a process arriving beyond them is refused at once (and
@@ -20,9 +22,22 @@ use crate::DomainConfig;
 const MAX_JOINS: usize = 64;
 /// How long one whole join may take, however the joining process paces its bytes.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bytes of a join request: magic, protocol, domain id, member row and generation (to
-/// rejoin), liveness token, pid and pid namespace.
-const JOIN_LEN: usize = 44;
+
+/// What every join of one coordinator needs: who may join, where the members file is, the
+/// pool, and the coordinator's own row.
+pub(super) struct Admission {
+    pub(super) config: DomainConfig,
+    pub(super) paths: Arc<Paths>,
+    pub(super) map: Arc<PoolMap>,
+    pub(super) tokens: Tokens,
+    pub(super) me: usize,
+}
+
+/// A member's socket, which the coordinator watches for its hang-up.
+pub(super) struct Conn {
+    pub(super) stream: UnixStream,
+    pub(super) member: usize,
+}
 
 /// The joins in progress, each on a thread of its own with one deadline, so that a member
 /// that sends its request slowly (or not at all) holds up no one else's join, no hang-up and
@@ -30,7 +45,7 @@ const JOIN_LEN: usize = 44;
 pub(super) struct Joins {
     /// Each join's thread, and a handle on its socket to cut it short on stop.
     in_flight: Vec<(JoinHandle<()>, UnixStream)>,
-    admitted: Arc<Mutex<Vec<(UnixStream, usize)>>>,
+    admitted: Arc<Mutex<Vec<Conn>>>,
 }
 
 impl Joins {
@@ -42,7 +57,7 @@ impl Joins {
     }
 
     /// Starts the join of the process that just connected on `stream`.
-    pub(super) fn start(&mut self, serve: &Serve, stream: UnixStream) {
+    pub(super) fn start(&mut self, admission: &Arc<Admission>, stream: UnixStream) {
         self.in_flight.retain(|(thread, _)| !thread.is_finished());
         if self.in_flight.len() >= MAX_JOINS {
             refuse(
@@ -55,16 +70,15 @@ impl Joins {
         let Ok(handle) = stream.try_clone() else {
             return;
         };
-        let (config, map, me) = (serve.config.clone(), serve.map.clone(), serve.member);
-        let tokens = serve.tokens.clone();
+        let admission = admission.clone();
         let admitted = self.admitted.clone();
         let spawned = std::thread::Builder::new()
             .name("netless-pool-join".into())
             .stack_size(256 * 1024)
             .spawn(move || {
                 let deadline = Instant::now() + JOIN_TIMEOUT;
-                match admit(&config, (&map, &tokens), me, &stream, deadline) {
-                    Some(member) => lock(&admitted).push((stream, member)),
+                match admission.admit(&stream, deadline) {
+                    Some((member, _)) => lock(&admitted).push(Conn { stream, member }),
                     // Shut down, not just closed: the coordinator holds a second handle.
                     None => {
                         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -78,7 +92,7 @@ impl Joins {
     }
 
     /// The members admitted since the last call, with their sockets.
-    pub(super) fn take_admitted(&self) -> Vec<(UnixStream, usize)> {
+    pub(super) fn take_admitted(&self) -> Vec<Conn> {
         std::mem::take(&mut *lock(&self.admitted))
     }
 
@@ -94,102 +108,104 @@ impl Joins {
 }
 
 /// Tells a joining process why it is refused.
-fn refuse(stream: &UnixStream, why: &str, deadline: Instant) -> Option<usize> {
-    let mut reply = WELCOME_MAGIC.to_vec();
-    reply.push(1);
-    reply.extend_from_slice(why.as_bytes());
-    let _ = netless_shm::send_frame_by(stream, &reply, &[], deadline);
+fn refuse(stream: &UnixStream, why: &str, deadline: Instant) -> Option<(usize, u32)> {
+    let _ = netless_shm::send_frame_by(stream, &refusal(why), &[], deadline);
     None
 }
 
-/// Handles one join request, all of it by `deadline`; returns the member row to watch.
-/// `me` is the coordinator's own row.
-fn admit(
-    config: &DomainConfig,
-    (map, tokens): (&PoolMap, &Tokens),
-    me: usize,
-    stream: &UnixStream,
-    deadline: Instant,
-) -> Option<usize> {
-    let _ = stream.set_nonblocking(false);
-    let cred = netless_shm::peer_cred(stream).ok()?;
-    if !config.acl.allows(&cred) {
-        let why = format!(
-            "uid {} gid {} is not allowed by the domain's ACL",
-            cred.uid, cred.gid
-        );
-        return refuse(stream, &why, deadline);
-    }
-    let (req, _) = netless_shm::recv_frame_by(stream, 0, JOIN_LEN, deadline).ok()?;
-    if req.len() != JOIN_LEN || &req[..4] != JOIN_MAGIC {
-        return refuse(stream, "malformed join request", deadline);
-    }
-    if u32::from_le_bytes(req[4..8].try_into().ok()?) != PROTOCOL {
-        let why = format!("protocol version mismatch (the coordinator speaks {PROTOCOL})");
-        return refuse(stream, &why, deadline);
-    }
-    let domain = u64::from_le_bytes(req[8..16].try_into().ok()?);
-    let member = u32::from_le_bytes(req[16..20].try_into().ok()?) as usize;
-    let generation = u32::from_le_bytes(req[20..24].try_into().ok()?);
-    let who = Identity {
-        token: u64::from_le_bytes(req[24..32].try_into().ok()?),
-        pid: u32::from_le_bytes(req[32..36].try_into().ok()?),
-        pid_ns: u64::from_le_bytes(req[36..44].try_into().ok()?),
-    };
-    // Its row is judged by its token from the moment it exists: the token must be held, in
-    // the file we see, by now.
-    if who.token == 0 || who.token > netless_shm::MAX_LIVENESS_TOKEN || !tokens.held(who.token) {
-        return refuse(
-            stream,
-            "the joining process holds no liveness token in the domain's members file we see \
-             (is the socket directory the same file system for both?)",
-            deadline,
-        );
-    }
-    // What the kernel says of a process of our own pid namespace beats what it claims.
-    let ours = pid_namespace();
-    if who.pid_ns == ours && ours != 0 && i64::from(who.pid) != i64::from(cred.pid) {
-        let why = format!(
-            "the joining process says it is pid {}, its socket says pid {}",
-            who.pid, cred.pid
-        );
-        return refuse(stream, &why, deadline);
-    }
-    let (member, generation, pass_fd) = if member == u32::MAX as usize {
-        if token_in_use(map, who.token) {
-            return refuse(stream, "liveness token already in use: retry", deadline);
+impl Admission {
+    /// Handles one join, all of it by `deadline`; returns the member row to watch and its
+    /// generation.
+    fn admit(&self, stream: &UnixStream, deadline: Instant) -> Option<(usize, u32)> {
+        let (map, tokens) = (&*self.map, &self.tokens);
+        let _ = stream.set_nonblocking(false);
+        let cred = netless_shm::peer_cred(stream).ok()?;
+        if !self.config.acl.allows(&cred) {
+            let why = format!(
+                "uid {} gid {} is not allowed by the domain's ACL",
+                cred.uid, cred.gid
+            );
+            return refuse(stream, &why, deadline);
         }
-        match claim_row(map, who, Some(me), tokens) {
-            Some((m, g)) => (m, g, true),
-            None => {
-                let why = format!("the domain is full ({MAX_MEMBERS} members)");
-                return refuse(stream, &why, deadline);
+        // A new open file of the members file, for this process alone: the token it holds
+        // there is its own, gone when it is. Its uid may not open the file itself.
+        let members = match self.paths.open_members() {
+            Ok(Some(file)) => file,
+            Ok(None) => {
+                return refuse(
+                    stream,
+                    "the coordinator cannot open the members file",
+                    deadline,
+                )
             }
-        }
-    } else {
-        let row = map.members().get(member)?;
-        let expect = u64::from(generation) << 32 | member_state::ALIVE;
-        if domain != map.domain_id()
-            || row.state.load(Ordering::Acquire) != expect
-            || row.token.load(Ordering::Acquire) != who.token
+            Err(e) => {
+                tracing::warn!("netless-pool: opening the members file for a joiner: {e}");
+                return refuse(stream, &e.to_string(), deadline);
+            }
+        };
+        netless_shm::send_frame_by(stream, &offer(), &[members.as_fd()], deadline).ok()?;
+        // Our copy goes at once: the open file must be the joiner's alone.
+        drop(members);
+        let (req, _) = netless_shm::recv_frame_by(stream, 0, JOIN_LEN, deadline).ok()?;
+        let Request { rejoin, who } = match Request::decode(&req) {
+            Ok(request) => request,
+            Err(why) => return refuse(stream, &why, deadline),
+        };
+        // Its row is judged by its token from the moment it exists: the token must be held,
+        // in the file we see, by now.
+        if who.token == 0 || who.token > netless_shm::MAX_LIVENESS_TOKEN || !tokens.held(who.token)
         {
             return refuse(
                 stream,
-                "rejoin as a member this domain does not know",
+                "the joining process holds no liveness token in the domain's members file we \
+                 see (is the socket directory the same file system for both?)",
                 deadline,
             );
         }
-        (member, generation, false)
-    };
-    let mut reply = WELCOME_MAGIC.to_vec();
-    reply.push(0);
-    reply.extend_from_slice(&map.domain_id().to_le_bytes());
-    reply.extend_from_slice(&(member as u32).to_le_bytes());
-    reply.extend_from_slice(&generation.to_le_bytes());
-    let fd = map.segment().fd();
-    let fds = if pass_fd { vec![fd.as_fd()] } else { vec![] };
-    netless_shm::send_frame_by(stream, &reply, &fds, deadline).ok()?;
-    let _ = stream.set_read_timeout(None);
-    let _ = stream.set_write_timeout(None);
-    Some(member)
+        // What the kernel says of a process of our own pid namespace beats what it claims.
+        let ours = pid_namespace();
+        if who.pid_ns == ours && ours != 0 && i64::from(who.pid) != i64::from(cred.pid) {
+            let why = format!(
+                "the joining process says it is pid {}, its socket says pid {}",
+                who.pid, cred.pid
+            );
+            return refuse(stream, &why, deadline);
+        }
+        let (member, generation, pass_fd) = match rejoin {
+            None => {
+                if token_in_use(map, who.token) {
+                    return refuse(stream, "liveness token already in use: retry", deadline);
+                }
+                match claim_row(map, who, Some(self.me), tokens) {
+                    Some((m, g)) => (m, g, true),
+                    None => {
+                        let why = format!("the domain is full ({MAX_MEMBERS} members)");
+                        return refuse(stream, &why, deadline);
+                    }
+                }
+            }
+            Some((domain, member, generation)) => {
+                let row = map.members().get(member)?;
+                let expect = u64::from(generation) << 32 | member_state::ALIVE;
+                if domain != map.domain_id()
+                    || row.state.load(Ordering::Acquire) != expect
+                    || row.token.load(Ordering::Acquire) != who.token
+                {
+                    return refuse(
+                        stream,
+                        "rejoin as a member this domain does not know",
+                        deadline,
+                    );
+                }
+                (member, generation, false)
+            }
+        };
+        let reply = welcome(map.domain_id(), member, generation);
+        let fd = map.segment().fd();
+        let fds = if pass_fd { vec![fd.as_fd()] } else { vec![] };
+        netless_shm::send_frame_by(stream, &reply, &fds, deadline).ok()?;
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(None);
+        Some((member, generation))
+    }
 }

@@ -7,16 +7,18 @@
 //! then reaps it (`members`: every page and Ref the member held is released). A joining
 //! process checks the coordinator the same way: it must be a process the ACL admits.
 //!
-//! Every process locks its liveness token in the domain's `members` file before it asks to
+//! Every process holds its liveness token in the domain's `members` file before it asks to
 //! join, and the coordinator admits it only if it sees that token held: the row is judged by
-//! the token from its first moment, by whoever reads it, in any pid namespace.
+//! the token from its first moment, by whoever reads it, in any pid namespace. A joiner holds
+//! it on a new open file of the members file that the coordinator passes it once the ACL
+//! admitted it (`files`: the domain's files are their owner's alone).
 //!
 //! Hand-over: every member's watcher thread blocks on its socket. When the coordinator exits,
 //! the sockets close, one member wins the domain's lock file and serves the socket (it already
 //! has the pool), and the others reconnect to it. A process that finds no coordinator founds a
 //! new pool only if no member holds the domain's shared `members` lock; otherwise it waits for
-//! the hand-over. The socket and the lock files are reached through the checked socket
-//! directory (`netless_shm::SocketDir`).
+//! the hand-over. Only processes that may open the domain's files (its socket directory's
+//! owner, root) found a domain or take one over.
 
 use std::fs::File;
 use std::io::Read;
@@ -39,87 +41,176 @@ mod admit;
 mod files;
 mod handshake;
 
-use admit::Joins;
-use files::{bind, paths, try_flock, Paths};
-use handshake::{join_err, try_connect, Attempt};
+use admit::{Admission, Conn, Joins};
+use files::{paths, try_flock, Paths};
+use handshake::{join_err, try_connect, Attempt, Joined};
 
-const JOIN_MAGIC: &[u8; 4] = b"NLDJ";
-const WELCOME_MAGIC: &[u8; 4] = b"NLDW";
-const PROTOCOL: u32 = 2;
 const TICK: Duration = Duration::from_millis(250);
 
 /// Joins domain `config.name`, founding it if nobody coordinates it.
 pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     config.geometry.validate()?;
     let paths = paths(config)?;
-    let members = Arc::new(paths.open(&paths.members)?);
-    // Held from before we ask to join until this process leaves (or dies): the open file is
-    // shared by the membership and its domain thread, and closes when both are gone.
+    // Held from before we ask to join until this process leaves (or dies), on the members
+    // file the coordinator offers, or our own if we found the domain.
     let me = Identity::this_process(random_token());
-    netless_shm::hold_liveness_token(&members, me.token)?;
-    let tokens = Tokens::new(members.clone());
     let deadline = Instant::now() + config.join_timeout;
     loop {
-        if let Attempt::Joined(stream, fd, member) = try_connect(config, &paths, &me, None)? {
-            let fd = fd.ok_or_else(|| join_err(config, "the coordinator passed no pool".into()))?;
-            let map = Arc::new(PoolMap::attach(fd, None)?);
-            rustix::fs::flock(&*members, FlockOperation::LockShared)
-                .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
-            let link = Link::start(
-                config,
-                paths,
-                map.clone(),
-                &tokens,
-                me,
-                member,
-                Role::Watch(stream),
-            );
-            return Ok(Domain::from_parts(
-                map,
-                member,
-                config,
-                Some(link),
-                tokens,
-                me.pid_ns,
-            ));
+        if let Attempt::Joined(joined) = try_connect(config, &paths, &me, None, None)? {
+            return become_member(config, paths, me, joined, deadline);
         }
-        let lock_file = paths.open(&paths.lock)?;
-        // With the domain's lock and no member holding the members file, nobody is a member:
-        // found the domain. Members alive but no socket: one of them is taking over.
-        if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive)
-            && try_flock(&members, FlockOperation::NonBlockingLockExclusive)
-        {
-            let map = Arc::new(PoolMap::create(config.geometry, random_id())?);
-            let (member, _) = claim_row(&map, me, None, &tokens)
-                .ok_or_else(|| join_err(config, "cannot claim a member row".into()))?;
-            rustix::fs::flock(&*members, FlockOperation::LockShared)
-                .map_err(|e| join_err(config, format!("flock of the members file: {e}")))?;
-            let listener = bind(&paths).map_err(|e| join_err(config, e))?;
-            let role = Role::Coordinate(lock_file, listener);
-            let link = Link::start(config, paths, map.clone(), &tokens, me, member, role);
-            return Ok(Domain::from_parts(
+        let not_founded = match found(config, &paths, me)? {
+            Ok(Founded {
                 map,
-                member,
-                config,
-                Some(link),
+                row,
                 tokens,
-                me.pid_ns,
-            ));
+                lock_file,
+            }) => {
+                let listener = paths.bind(&config.acl).map_err(|e| join_err(config, e))?;
+                let role = Role::Coordinate(lock_file, listener);
+                let link = Link::start(config, paths, map.clone(), &tokens, me, row, role);
+                return Ok(Domain::from_parts(
+                    map,
+                    row.0,
+                    config,
+                    Some(link),
+                    tokens,
+                    me.pid_ns,
+                ));
+            }
+            Err(not_founded) => not_founded,
+        };
+        if Instant::now() >= deadline {
+            return Err(join_err(config, not_founded.why(config, &paths)));
         }
-        drop(lock_file);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Takes the membership the coordinator welcomed us to.
+fn become_member(
+    config: &DomainConfig,
+    paths: Paths,
+    me: Identity,
+    joined: Joined,
+    deadline: Instant,
+) -> Result<Domain, PoolError> {
+    let members = joined
+        .members
+        .ok_or_else(|| join_err(config, "the coordinator offered no members file".into()))?;
+    let fd = joined
+        .pool
+        .ok_or_else(|| join_err(config, "the coordinator passed no pool".into()))?;
+    let map = Arc::new(PoolMap::attach(fd, None)?);
+    // Shared with every member, so that nobody founds a new pool while we live. Only a
+    // founder holds it exclusively, and for a moment: anyone longer is interfering.
+    while !try_flock(&members, FlockOperation::NonBlockingLockShared) {
         if Instant::now() >= deadline {
             return Err(join_err(
                 config,
-                format!(
-                    "no coordinator answered on {} within {:?} while members are alive: is \
-                     a member process hung?",
-                    paths.socket_path().display(),
-                    config.join_timeout
-                ),
+                "a process holds the domain's members file locked exclusively: a member \
+                 interfering?"
+                    .into(),
             ));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    let tokens = Tokens::new(Arc::new(members));
+    let row = (joined.member, joined.generation);
+    let role = Role::Watch(joined.stream);
+    let link = Link::start(config, paths, map.clone(), &tokens, me, row, role);
+    Ok(Domain::from_parts(
+        map,
+        row.0,
+        config,
+        Some(link),
+        tokens,
+        me.pid_ns,
+    ))
+}
+
+/// A domain this process just founded: it holds the domain's lock and coordinates.
+struct Founded {
+    map: Arc<PoolMap>,
+    /// Our member row and its generation.
+    row: (usize, u32),
+    /// The members file, our token held on it.
+    tokens: Tokens,
+    lock_file: File,
+}
+
+/// Why a process that found no coordinator did not found the domain.
+enum NotFounded {
+    /// It may not open the domain's files.
+    NotOurs,
+    /// Someone holds the domain's lock: a member taking over (or a process interfering).
+    LockHeld,
+    /// Members hold the members file: one of them will take over.
+    MembersAlive,
+}
+
+impl NotFounded {
+    /// Why nobody answered and we did not found the domain, for the caller.
+    fn why(&self, config: &DomainConfig, paths: &Paths) -> String {
+        let socket = paths.socket_path();
+        let (socket, timeout) = (socket.display(), config.join_timeout);
+        let owner = paths.dir.owner();
+        match self {
+            NotFounded::NotOurs => format!(
+                "no coordinator answered on {socket} within {timeout:?}, and this process (uid \
+                 {}) may not found the domain: only processes of uid {owner} (the socket \
+                 directory's owner) or root can; start one of them first",
+                rustix::process::geteuid().as_raw(),
+            ),
+            NotFounded::LockHeld => format!(
+                "no coordinator answered on {socket} within {timeout:?}, and a process holds the \
+                 domain's lock {} without serving it: a member taking over, or a hung one \
+                 (only processes of uid {owner} or root can open it)",
+                paths.lock_path().display(),
+            ),
+            NotFounded::MembersAlive => format!(
+                "no coordinator answered on {socket} within {timeout:?} while members are \
+                 alive: is a member process hung?"
+            ),
+        }
+    }
+}
+
+/// Founds the domain if nobody is a member of it: with the domain's lock and no member
+/// holding the members file, nobody is.
+fn found(
+    config: &DomainConfig,
+    paths: &Paths,
+    me: Identity,
+) -> Result<Result<Founded, NotFounded>, PoolError> {
+    let (Some(lock_file), Some(members)) = (paths.open_lock()?, paths.open_members()?) else {
+        return Ok(Err(NotFounded::NotOurs));
+    };
+    if !try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
+        return Ok(Err(NotFounded::LockHeld));
+    }
+    if !try_flock(&members, FlockOperation::NonBlockingLockExclusive) {
+        return Ok(Err(NotFounded::MembersAlive));
+    }
+    // Shared from now on, as every member holds it. Not atomic (flock drops the exclusive
+    // lock first), but nobody else can found the domain while we hold its lock.
+    if !try_flock(&members, FlockOperation::NonBlockingLockShared) {
+        return Err(join_err(
+            config,
+            "a process took the domain's members file as we founded the domain".into(),
+        ));
+    }
+    netless_shm::hold_liveness_token(&members, me.token)?;
+    let tokens = Tokens::new(Arc::new(members));
+    let map = Arc::new(PoolMap::create(config.geometry, random_id())?);
+    let row = claim_row(&map, me, None, &tokens)
+        .ok_or_else(|| join_err(config, "cannot claim a member row".into()))?;
+    Ok(Ok(Founded {
+        map,
+        row,
+        tokens,
+        lock_file,
+    }))
 }
 
 /// A fresh liveness token: random, so no two processes of a domain pick the same one.
@@ -165,7 +256,7 @@ struct LinkShared {
 
 struct Serve {
     config: DomainConfig,
-    paths: Paths,
+    paths: Arc<Paths>,
     map: Arc<PoolMap>,
     /// The members file (this process's token is held on it) and the others' tokens.
     tokens: Tokens,
@@ -197,14 +288,13 @@ impl Link {
         map: Arc<PoolMap>,
         tokens: &Tokens,
         me: Identity,
-        member: usize,
+        (member, generation): (usize, u32),
         role: Role,
     ) -> Link {
         let shared = Self::new_shared();
-        let generation = (map.members()[member].state.load(Ordering::Acquire) >> 32) as u32;
         let serve = Serve {
             config: config.clone(),
-            paths,
+            paths: Arc::new(paths),
             map,
             tokens: tokens.clone(),
             me,
@@ -263,10 +353,11 @@ impl Serve {
             }
             loop {
                 let rejoin = Some((self.map.domain_id(), self.member, self.generation));
-                match try_connect(&self.config, &self.paths, &self.me, rejoin) {
-                    Ok(Attempt::Joined(s, _, _)) => {
-                        *lock(&self.shared.socket) = s.try_clone().ok();
-                        stream = s;
+                let members = self.tokens.file();
+                match try_connect(&self.config, &self.paths, &self.me, rejoin, members) {
+                    Ok(Attempt::Joined(joined)) => {
+                        *lock(&self.shared.socket) = joined.stream.try_clone().ok();
+                        stream = joined.stream;
                         break;
                     }
                     Ok(Attempt::NoCoordinator) => {}
@@ -277,42 +368,59 @@ impl Serve {
                         std::thread::sleep(Duration::from_millis(100));
                     }
                 }
-                if let Ok(lock_file) = self.paths.open(&self.paths.lock) {
-                    if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
-                        match bind(&self.paths) {
-                            Ok(listener) => {
-                                tracing::info!(
-                                    "netless-pool: member {} took over domain `{}`",
-                                    self.member,
-                                    self.config.name
-                                );
-                                self.shared.coordinator.store(true, Ordering::Release);
-                                return self.coordinate(lock_file, listener);
+                // Only a process that may open the domain's files takes it over; the others
+                // wait for one that may.
+                let pause = match self.paths.open_lock() {
+                    Ok(Some(lock_file)) => {
+                        if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
+                            match self.paths.bind(&self.config.acl) {
+                                Ok(listener) => {
+                                    tracing::info!(
+                                        "netless-pool: member {} took over domain `{}`",
+                                        self.member,
+                                        self.config.name
+                                    );
+                                    self.shared.coordinator.store(true, Ordering::Release);
+                                    return self.coordinate(lock_file, listener);
+                                }
+                                Err(e) => tracing::warn!("netless-pool: take-over failed: {e}"),
                             }
-                            Err(e) => tracing::warn!("netless-pool: take-over failed: {e}"),
                         }
+                        Duration::from_millis(2)
                     }
-                }
+                    Ok(None) => Duration::from_millis(50),
+                    Err(e) => {
+                        tracing::warn!("netless-pool: cannot take the domain over: {e}");
+                        Duration::from_millis(100)
+                    }
+                };
                 if self.stopping() {
                     return;
                 }
-                std::thread::sleep(Duration::from_millis(2));
+                std::thread::sleep(pause);
             }
         }
     }
 
     /// The coordinator's thread: admit members, reap the dead, until stopped.
     fn coordinate(self, lock_file: File, listener: UnixListener) {
-        let mut conns: Vec<(UnixStream, usize)> = Vec::new();
+        let mut conns: Vec<Conn> = Vec::new();
         let mut joins = Joins::new();
+        let admission = Arc::new(Admission {
+            config: self.config.clone(),
+            paths: self.paths.clone(),
+            map: self.map.clone(),
+            tokens: self.tokens.clone(),
+            me: self.member,
+        });
         reap_dead_members(&self.map, &self.tokens, Some(self.member));
         let mut last_sweep = Instant::now();
         while !self.stopping() {
             let mut fds = Vec::with_capacity(2 + conns.len());
             fds.push(PollFd::new(&self.shared.wake_rx, PollFlags::IN));
             fds.push(PollFd::new(&listener, PollFlags::IN));
-            for (c, _) in &conns {
-                fds.push(PollFd::new(c, PollFlags::IN));
+            for c in &conns {
+                fds.push(PollFd::new(&c.stream, PollFlags::IN));
             }
             let timeout = rustix::time::Timespec {
                 tv_sec: 0,
@@ -327,13 +435,13 @@ impl Serve {
                 break;
             }
             let mut gone = Vec::new();
-            for (i, (c, m)) in conns.iter().enumerate() {
+            for (i, c) in conns.iter().enumerate() {
                 if ready[2 + i] {
                     let mut byte = [0u8; 1];
                     // Members never write after joining: readable means hung up.
-                    if matches!((&*c).read(&mut byte), Ok(0) | Err(_)) {
+                    if matches!((&c.stream).read(&mut byte), Ok(0) | Err(_)) {
                         gone.push(i);
-                        if !row_alive(&self.map, &self.tokens, *m) {
+                        if !row_alive(&self.map, &self.tokens, c.member) {
                             reap_dead_members(&self.map, &self.tokens, Some(self.member));
                         }
                     }
@@ -344,7 +452,7 @@ impl Serve {
             }
             if ready[1] {
                 while let Ok((stream, _)) = listener.accept() {
-                    joins.start(&self, stream);
+                    joins.start(&admission, stream);
                 }
             }
             // Joins end on their own threads; their members are watched from the next turn.

@@ -1,0 +1,404 @@
+//! Attacks on a domain by processes around it and inside it, performed for real, and what
+//! its honest members still get:
+//!
+//! - a process outside the ACL that may search the socket directory cannot open the domain's
+//!   lock and members files, so it cannot keep the domain from being founded or taken over,
+//!   nor make dead members look alive (needs root, to run peers as other uids; skipped,
+//!   saying so, otherwise).
+//!
+//! Peers are this test binary again, running only `child_process_entry`: a `worker` (a member
+//! driven by line commands) or a `jammer` (which takes the domain's locks if it can and says
+//! what it got). Children prefix their lines with `@@`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use netless_pool::{Domain, DomainConfig, PoolError, PoolGeometry, Ref, SharedBuf, PAGE_SIZE};
+use rustix::fs::FlockOperation;
+
+const ROLE: &str = "NLP_HOSTILE_ROLE";
+const DIR: &str = "NLP_HOSTILE_DIR";
+/// The uids the domain's ACL admits, comma-separated (none: ours alone).
+const UIDS: &str = "NLP_HOSTILE_UIDS";
+/// What a jammer takes: `range` (a read lock over the whole members file) or `all` (that,
+/// and the flocks: the domain's lock exclusively, the members file shared).
+const JAM: &str = "NLP_HOSTILE_JAM";
+const DOMAIN: &str = "h";
+const GEOMETRY: PoolGeometry = PoolGeometry {
+    pages: 1024,
+    ref_slots: 64,
+};
+/// How long anything that should be prompt may take on a loaded two-core machine.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// A member of the domain running as another user.
+const MEMBER_UID: u32 = 65534;
+/// A user the domain's ACL does not admit.
+const OUTSIDER_UID: u32 = 65533;
+const LEN: usize = 5 * PAGE_SIZE + 77;
+
+fn config(dir: &Path, uids: &[u32]) -> DomainConfig {
+    let mut c = DomainConfig::new(DOMAIN);
+    c.dir = Some(dir.to_path_buf());
+    c.geometry = GEOMETRY;
+    c.lease_low = 4;
+    c.lease_high = 16;
+    c.join_timeout = PATIENCE;
+    if !uids.is_empty() {
+        c.acl = uids
+            .iter()
+            .fold(netless_shm::Acl::new(), |acl, &uid| acl.allow_uid(uid));
+    }
+    c
+}
+
+fn file(dir: &Path, kind: &str) -> PathBuf {
+    dir.join(format!("netless-domain.{DOMAIN}.{kind}"))
+}
+
+/// A private directory `/tmp/nlp-h-<pid>-<tag>`, removed on drop.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(tag: &str) -> TestDir {
+        let path = PathBuf::from(format!("/tmp/nlp-h-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+        TestDir(path)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// `len` bytes determined by `seed`.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn ref_from_hex(s: &str) -> Ref {
+    let bytes: Vec<u8> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect();
+    Ref::from_bytes(&bytes).unwrap()
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "@@{line}").unwrap();
+    out.flush().unwrap();
+}
+
+/// Polls `cond` until it holds; panics with `what` after [`PATIENCE`].
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ----- The children. -----
+
+/// Entry point of the spawned children (run only by them, via `--ignored`).
+#[test]
+#[ignore = "entry point of the child processes the other tests spawn"]
+fn child_process_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let dir = PathBuf::from(std::env::var(DIR).unwrap());
+    let uids: Vec<u32> = std::env::var(UIDS)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|u| !u.is_empty())
+        .map(|u| u.parse().unwrap())
+        .collect();
+    match role.as_str() {
+        "worker" => worker(&config(&dir, &uids)),
+        "jammer" => jammer(&dir, &std::env::var(JAM).unwrap()),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// A member holding buffers by id, driven by line commands until stdin closes.
+fn worker(config: &DomainConfig) {
+    let domain = match Domain::join(config) {
+        Ok(d) => d,
+        Err(e) => return say(&format!("join-err {e}")),
+    };
+    say(&format!(
+        "ready {} {}",
+        domain.is_coordinator(),
+        domain.member()
+    ));
+    let mut bufs: std::collections::HashMap<u64, SharedBuf> = Default::default();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let num = |i: usize| -> u64 { w[i].parse().unwrap() };
+        let answer: Result<String, PoolError> = (|| {
+            Ok(match w[0] {
+                // alloc ID SEED
+                "alloc" => {
+                    let buf = domain.alloc_from(&pattern(num(2), LEN))?;
+                    bufs.insert(num(1), buf);
+                    String::new()
+                }
+                "share" => hex(&bufs[&num(1)].share()?.to_bytes()),
+                // Whether buffer ID holds pattern SEED.
+                "check" => (bufs[&num(1)].to_vec() == pattern(num(2), LEN)).to_string(),
+                "stats" => {
+                    let s = domain.stats();
+                    let coordinates = domain.is_coordinator();
+                    format!("{} {} {coordinates}", s.members, s.held_pages)
+                }
+                other => panic!("unknown command {other}"),
+            })
+        })();
+        match answer {
+            Ok(out) => say(&format!("ok {out}")),
+            Err(e) => say(&format!("err {e}")),
+        }
+    }
+}
+
+/// Opens the domain's files if it can, takes what `jam` says, reports what it got, and holds
+/// it until stdin closes. A lock someone else holds, it waits for (on a thread), as an
+/// attacker racing the members for it when the coordinator dies would.
+fn jammer(dir: &Path, jam: &str) {
+    let take = |kind: &str, ops: &[(&'static str, FlockOperation)]| {
+        let file = match std::fs::File::open(file(dir, kind)) {
+            Ok(file) => std::sync::Arc::new(file),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return "denied".to_owned()
+            }
+            Err(e) => return format!("error:{e}"),
+        };
+        let mut got = Vec::new();
+        for &(name, op) in ops {
+            let lock = move |file: &std::fs::File, op| match name {
+                "range" => rustix::fs::fcntl_lock(file, op),
+                _ => rustix::fs::flock(file, op),
+            };
+            if lock(&file, op).is_ok() {
+                got.push(format!("{name}:held"));
+                continue;
+            }
+            got.push(format!("{name}:waiting"));
+            let blocking = match op {
+                FlockOperation::NonBlockingLockShared => FlockOperation::LockShared,
+                _ => FlockOperation::LockExclusive,
+            };
+            let file = file.clone();
+            std::thread::spawn(move || {
+                let _ = lock(&file, blocking);
+                std::thread::park();
+            });
+        }
+        std::mem::forget(file);
+        got.join(",")
+    };
+    // A whole-file read lock (from byte 0, to the end and beyond) covers every token.
+    let mut members_ops = vec![("range", FlockOperation::NonBlockingLockShared)];
+    let mut lock_ops = vec![];
+    if jam == "all" {
+        members_ops.push(("flock", FlockOperation::NonBlockingLockShared));
+        lock_ops.push(("flock", FlockOperation::NonBlockingLockExclusive));
+    }
+    let members = take("members", &members_ops);
+    let lock = take("lock", &lock_ops);
+    say(&format!("jam members={members} lock={lock}"));
+    let _ = std::io::stdin().lock().read_line(&mut String::new());
+}
+
+// ----- The parent's side. -----
+
+/// A child process in a process group of its own, killed on drop.
+struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Peer {
+    /// Starts this binary as `role` with `env`, as user `uid` if given.
+    fn start(role: &str, dir: &Path, uid: Option<u32>, env: &[(&str, &str)]) -> Peer {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "child_process_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, role)
+        .env(DIR, dir)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd.spawn().expect("spawn a child test process");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(at) = line.find("@@") {
+                    if tx.send(line[at + 2..].to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Peer {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// A `worker` that joined; returns it and whether it coordinates.
+    fn worker(dir: &Path, uid: Option<u32>, uids: &[u32]) -> (Peer, bool) {
+        let uids: Vec<String> = uids.iter().map(u32::to_string).collect();
+        let peer = Peer::start("worker", dir, uid, &[(UIDS, &uids.join(","))]);
+        let ready = peer.line();
+        let w: Vec<&str> = ready.split_whitespace().collect();
+        assert_eq!(w[0], "ready", "the worker could not join: {ready}");
+        (peer, w[1] == "true")
+    }
+
+    fn line(&self) -> String {
+        match self.lines.recv_timeout(PATIENCE) {
+            Ok(line) => line,
+            Err(e) => panic!("child {} did not answer: {e:?}", self.child.id()),
+        }
+    }
+
+    /// Runs a command that must succeed; returns what follows `ok`.
+    fn ok(&mut self, command: &str) -> String {
+        let stdin = self.stdin.as_mut().expect("child still running");
+        writeln!(stdin, "{command}").unwrap();
+        stdin.flush().unwrap();
+        let answer = self.line();
+        match answer.strip_prefix("ok") {
+            Some(rest) => rest.trim().to_owned(),
+            None => panic!("`{command}` failed in child {}: {answer}", self.child.id()),
+        }
+    }
+
+    /// SIGKILL to its process group, then reap it.
+    fn kill(&mut self) {
+        self.stdin = None;
+        let group = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until `d` sees `members` live members and `free` free pages.
+fn wait_for(d: &Domain, members: usize, free: usize) {
+    let mut last = d.stats();
+    let deadline = Instant::now() + PATIENCE;
+    while last.members != members || last.free_pages != free {
+        assert!(
+            Instant::now() < deadline,
+            "expected {members} members and {free} free pages within {PATIENCE:?}: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        last = d.stats();
+    }
+}
+
+// ----- 1. The domain's files. -----
+
+/// Root founds a domain that admits uid `nobody` in a directory everyone may search; a user
+/// outside the ACL tries to take the domain's locks. It cannot open the files, and the domain
+/// lives on: the `nobody` member joins, a member takes over when the founder is killed, the
+/// killed `nobody` member's pages come back, and the domain can be founded anew.
+#[test]
+fn an_outsider_cannot_jam_a_domain_it_may_search() {
+    if !is_root() {
+        eprintln!("SKIPPED: running peers as other uids needs root");
+        return;
+    }
+    let dir = TestDir::new("outsider");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let uids = [0, MEMBER_UID];
+    let (mut founder, coordinates) = Peer::worker(&dir.0, None, &uids);
+    assert!(coordinates, "the first process founds the domain");
+    let (mut other, coordinates) = Peer::worker(&dir.0, Some(MEMBER_UID), &uids);
+    assert!(!coordinates);
+    other.ok("alloc 1 11");
+    let jammer = Peer::start("jammer", &dir.0, Some(OUTSIDER_UID), &[(JAM, "all")]);
+    let jammed = jammer.line();
+
+    // This process joins, the founder dies: we take over (`nobody` may not), and the `nobody`
+    // member rejoins us and keeps its buffer.
+    let d = Domain::join(&config(&dir.0, &uids)).unwrap();
+    assert!(!d.is_coordinator());
+    let mine = d.alloc_from(&pattern(2, LEN)).unwrap();
+    founder.kill();
+    eventually("this process takes over", || d.is_coordinator());
+    assert_eq!(other.ok("check 1 11"), "true");
+    let theirs = d.map(&ref_from_hex(&other.ok("share 1"))).unwrap();
+    assert_eq!(theirs.to_vec(), pattern(11, LEN));
+    drop(theirs);
+    eventually("the killed founder is reaped", || d.stats().members == 2);
+
+    // Killed, the `nobody` member is reaped: every page but ours comes back.
+    let held = d.stats().held_pages;
+    other.kill();
+    wait_for(&d, 1, GEOMETRY.pages as usize - held);
+    assert_eq!(mine.to_vec(), pattern(2, LEN));
+    drop((mine, d));
+
+    // With everyone gone, the next process founds the domain again.
+    let again = Domain::join(&config(&dir.0, &uids)).unwrap();
+    assert!(again.is_coordinator(), "a new founder is not held off");
+    assert_eq!(
+        jammed, "jam members=denied lock=denied",
+        "the outsider opened the domain's files"
+    );
+    for kind in ["lock", "members"] {
+        let meta = std::fs::metadata(file(&dir.0, kind)).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600, "{kind} file's mode");
+        assert_eq!(meta.uid(), 0, "{kind} file's owner");
+    }
+}
