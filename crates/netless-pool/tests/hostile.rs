@@ -4,7 +4,10 @@
 //! - a process outside the ACL that may search the socket directory cannot open the domain's
 //!   lock and members files, so it cannot keep the domain from being founded or taken over,
 //!   nor make dead members look alive (needs root, to run peers as other uids; skipped,
-//!   saying so, otherwise).
+//!   saying so, otherwise);
+//! - a process that can open the members file (one of the directory owner's) and read-locks
+//!   every token at once keeps no dead member from being reaped, and gets no live one
+//!   reaped; one that holds the domain's lock delays a join only until its timeout.
 //!
 //! Peers are this test binary again, running only `child_process_entry`: a `worker` (a member
 //! driven by line commands) or a `jammer` (which takes the domain's locks if it can and says
@@ -401,4 +404,65 @@ fn an_outsider_cannot_jam_a_domain_it_may_search() {
         assert_eq!(meta.mode() & 0o777, 0o600, "{kind} file's mode");
         assert_eq!(meta.uid(), 0, "{kind} file's owner");
     }
+}
+
+/// A process of ours, no member, read-locks the whole members file: every token, held or
+/// not, is covered. Live members (one that joined under the lock included) are not reaped
+/// however many sweeps pass; a killed one is, once its socket hangs up.
+#[test]
+fn a_lock_over_every_token_keeps_no_dead_member_alive() {
+    let dir = TestDir::new("covered");
+    let (_founder, coordinates) = Peer::worker(&dir.0, None, &[]);
+    assert!(coordinates);
+    let d = Domain::join(&config(&dir.0, &[])).unwrap();
+    let mine = d.alloc_from(&pattern(2, LEN)).unwrap();
+    let jammer = Peer::start("jammer", &dir.0, None, &[(JAM, "range")]);
+    assert_eq!(jammer.line(), "jam members=range:held lock=");
+    let baseline = d.stats().free_pages;
+    let (mut victim, _) = Peer::worker(&dir.0, None, &[]);
+    victim.ok("alloc 1 11");
+
+    // The coordinator sweeps every 250 ms: a second is several sweeps.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        d.reap_dead(),
+        0,
+        "a reaper took a covered token for a dead one"
+    );
+    assert_eq!(d.stats().members, 3, "a live member was reaped");
+    assert_eq!(victim.ok("check 1 11"), "true");
+    assert_eq!(mine.to_vec(), pattern(2, LEN));
+
+    victim.kill();
+    wait_for(&d, 2, baseline);
+    assert_eq!(mine.to_vec(), pattern(2, LEN));
+}
+
+/// A process of ours, no member, holds the domain's lock (and the members file) while no
+/// coordinator serves it: a joiner cannot found the domain, and fails by its join timeout
+/// saying why; once the holder is gone, the next joiner founds it.
+#[test]
+fn a_process_holding_the_domains_lock_delays_a_join_only_until_its_timeout() {
+    let dir = TestDir::new("lockheld");
+    drop(Domain::join(&config(&dir.0, &[])).unwrap());
+    let mut jammer = Peer::start("jammer", &dir.0, None, &[(JAM, "all")]);
+    assert_eq!(
+        jammer.line(),
+        "jam members=range:held,flock:held lock=flock:held"
+    );
+    let mut short = config(&dir.0, &[]);
+    short.join_timeout = Duration::from_secs(2);
+    let started = Instant::now();
+    let err = Domain::join(&short).unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        err.to_string().contains("holds the domain's lock"),
+        "unclear error: {err}"
+    );
+    assert!(
+        took < short.join_timeout + Duration::from_secs(10),
+        "join took {took:?}"
+    );
+    jammer.kill();
+    assert!(Domain::join(&short).unwrap().is_coordinator());
 }

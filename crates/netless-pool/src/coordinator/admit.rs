@@ -37,6 +37,8 @@ pub(super) struct Admission {
 pub(super) struct Conn {
     pub(super) stream: UnixStream,
     pub(super) member: usize,
+    /// The row's generation when the member was admitted: a hang-up concerns that one only.
+    pub(super) generation: u32,
 }
 
 /// The joins in progress, each on a thread of its own with one deadline, so that a member
@@ -78,7 +80,11 @@ impl Joins {
             .spawn(move || {
                 let deadline = Instant::now() + JOIN_TIMEOUT;
                 match admission.admit(&stream, deadline) {
-                    Some((member, _)) => lock(&admitted).push(Conn { stream, member }),
+                    Some((member, generation)) => lock(&admitted).push(Conn {
+                        stream,
+                        member,
+                        generation,
+                    }),
                     // Shut down, not just closed: the coordinator holds a second handle.
                     None => {
                         let _ = stream.shutdown(std::net::Shutdown::Both);

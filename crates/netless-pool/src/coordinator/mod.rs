@@ -34,7 +34,7 @@ use rustix::fs::FlockOperation;
 
 use crate::domain::lock;
 use crate::layout::PoolMap;
-use crate::members::{claim_row, reap_dead_members, row_alive, Identity, Tokens};
+use crate::members::{claim_row, reap_dead_members, reap_hung_up, Identity, Tokens};
 use crate::{Domain, DomainConfig, PoolError};
 
 mod admit;
@@ -230,6 +230,17 @@ fn random_id() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// Blocks until the coordinator's end of `stream` closes (or we shut ours down to stop): the
+/// coordinator never writes after its welcome. A signal interrupting the read is no hang-up.
+fn wait_for_hang_up(mut stream: &UnixStream) {
+    let mut byte = [0u8; 1];
+    while let Err(e) = stream.read(&mut byte) {
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
 /// What a member's domain thread does.
 enum Role {
     /// Watch the coordinator's socket (and take over when it closes).
@@ -344,10 +355,7 @@ impl Serve {
     /// successor or become it.
     fn watch(self, mut stream: UnixStream) {
         loop {
-            let mut byte = [0u8; 1];
-            // The coordinator never writes after the welcome: any return means it is gone
-            // (or we are stopping).
-            let _ = stream.read(&mut byte);
+            wait_for_hang_up(&stream);
             if self.stopping() {
                 return;
             }
@@ -441,9 +449,8 @@ impl Serve {
                     // Members never write after joining: readable means hung up.
                     if matches!((&c.stream).read(&mut byte), Ok(0) | Err(_)) {
                         gone.push(i);
-                        if !row_alive(&self.map, &self.tokens, c.member) {
-                            reap_dead_members(&self.map, &self.tokens, Some(self.member));
-                        }
+                        let (map, tokens) = (&self.map, &self.tokens);
+                        reap_hung_up(map, tokens, c.member, c.generation, self.member);
                     }
                 }
             }
