@@ -7,14 +7,19 @@
 //!   saying so, otherwise);
 //! - a process that can open the members file (one of the directory owner's) and read-locks
 //!   every token at once keeps no dead member from being reaped, and gets no live one
-//!   reaped; one that holds the domain's lock delays a join only until its timeout.
+//!   reaped; one that holds the domain's lock delays a join only until its timeout;
+//! - a member that asks to rejoin its own row in a loop costs the coordinator one socket,
+//!   not one per request, and the others keep joining and sharing.
 //!
 //! Peers are this test binary again, running only `child_process_entry`: a `worker` (a member
-//! driven by line commands) or a `jammer` (which takes the domain's locks if it can and says
-//! what it got). Children prefix their lines with `@@`.
+//! driven by line commands), a `jammer` (which takes the domain's locks if it can and says
+//! what it got) or a `rejoiner` (a member that speaks the join protocol by hand). Children
+//! prefix their lines with `@@`.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -28,6 +33,8 @@ const ROLE: &str = "NLP_HOSTILE_ROLE";
 const DIR: &str = "NLP_HOSTILE_DIR";
 /// The uids the domain's ACL admits, comma-separated (none: ours alone).
 const UIDS: &str = "NLP_HOSTILE_UIDS";
+/// How many times a rejoiner asks to rejoin.
+const REJOINS: &str = "NLP_HOSTILE_REJOINS";
 /// What a jammer takes: `range` (a read lock over the whole members file) or `all` (that,
 /// and the flocks: the domain's lock exclusively, the members file shared).
 const JAM: &str = "NLP_HOSTILE_JAM";
@@ -145,6 +152,7 @@ fn child_process_entry() {
     match role.as_str() {
         "worker" => worker(&config(&dir, &uids)),
         "jammer" => jammer(&dir, &std::env::var(JAM).unwrap()),
+        "rejoiner" => rejoiner(&dir, std::env::var(REJOINS).unwrap().parse().unwrap()),
         other => panic!("unknown role {other}"),
     }
 }
@@ -176,6 +184,15 @@ fn worker(config: &DomainConfig) {
                 "share" => hex(&bufs[&num(1)].share()?.to_bytes()),
                 // Whether buffer ID holds pattern SEED.
                 "check" => (bufs[&num(1)].to_vec() == pattern(num(2), LEN)).to_string(),
+                // map ID REF: the Ref's buffer, as buffer ID.
+                "map" => {
+                    bufs.insert(num(1), domain.map(&ref_from_hex(w[2]))?);
+                    String::new()
+                }
+                "fds" => std::fs::read_dir("/proc/self/fd")
+                    .unwrap()
+                    .count()
+                    .to_string(),
                 "stats" => {
                     let s = domain.stats();
                     let coordinates = domain.is_coordinator();
@@ -238,6 +255,92 @@ fn jammer(dir: &Path, jam: &str) {
     let lock = take("lock", &lock_ops);
     say(&format!("jam members={members} lock={lock}"));
     let _ = std::io::stdin().lock().read_line(&mut String::new());
+}
+
+/// The domain's socket in `dir`.
+fn socket(dir: &Path) -> PathBuf {
+    file(dir, "sock")
+}
+
+/// A join request as the protocol has it: magic, protocol 3, the row to rejoin (domain,
+/// member, generation; `u32::MAX` for a new one), liveness token, pid, pid namespace.
+fn join_request(rejoin: Option<(u64, u32, u32)>, token: u64) -> Vec<u8> {
+    let (domain, member, generation) = rejoin.unwrap_or((0, u32::MAX, 0));
+    let pid_ns = rustix::fs::stat("/proc/self/ns/pid").map_or(0, |st| st.st_ino);
+    let mut req = b"NLDJ".to_vec();
+    req.extend_from_slice(&3u32.to_le_bytes());
+    req.extend_from_slice(&domain.to_le_bytes());
+    req.extend_from_slice(&member.to_le_bytes());
+    req.extend_from_slice(&generation.to_le_bytes());
+    req.extend_from_slice(&token.to_le_bytes());
+    req.extend_from_slice(&std::process::id().to_le_bytes());
+    req.extend_from_slice(&pid_ns.to_le_bytes());
+    req
+}
+
+/// A join made by hand, as a member that does more than netless would.
+struct RawJoin {
+    stream: UnixStream,
+    /// The members file offered, our token held on it (a new member's).
+    members: Option<std::fs::File>,
+    /// Domain, member row and generation from the welcome.
+    row: (u64, u32, u32),
+    pool: Option<OwnedFd>,
+}
+
+/// One join through `dir`'s socket holding `token` (on the offered members file, for a new
+/// member); the coordinator's refusal as an error.
+fn raw_join(dir: &Path, rejoin: Option<(u64, u32, u32)>, token: u64) -> Result<RawJoin, String> {
+    let stream = UnixStream::connect(socket(dir)).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let (offer, fds) = netless_shm::recv_frame(&stream, 1).map_err(|e| e.to_string())?;
+    if !offer.starts_with(b"NLDO") {
+        return Err(format!("no offer: {}", String::from_utf8_lossy(&offer)));
+    }
+    let members = match rejoin {
+        Some(_) => None,
+        None => {
+            let file = std::fs::File::from(fds.into_iter().next().ok_or("no members file")?);
+            netless_shm::hold_liveness_token(&file, token).map_err(|e| e.to_string())?;
+            Some(file)
+        }
+    };
+    netless_shm::send_frame(&stream, &join_request(rejoin, token), &[])
+        .map_err(|e| e.to_string())?;
+    let (reply, fds) = netless_shm::recv_frame(&stream, 1).map_err(|e| e.to_string())?;
+    if reply.len() != 21 || reply[4] != 0 {
+        return Err(String::from_utf8_lossy(&reply[5.min(reply.len())..]).into_owned());
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(reply[at..at + 4].try_into().unwrap());
+    let domain = u64::from_le_bytes(reply[5..13].try_into().unwrap());
+    Ok(RawJoin {
+        stream,
+        members,
+        row: (domain, u32_at(13), u32_at(17)),
+        pool: fds.into_iter().next(),
+    })
+}
+
+/// Joins by hand, then asks `rejoins` times to rejoin its own row (with its own generation
+/// and token, so that every check but one passes), keeping every socket it is welcomed on;
+/// says how many it was, and holds on until stdin closes.
+fn rejoiner(dir: &Path, rejoins: usize) {
+    let token = u64::from(std::process::id()) << 16 | 0x5eed;
+    let first = raw_join(dir, None, token).unwrap();
+    let mut kept = vec![first.stream];
+    let mut refused = 0;
+    for _ in 0..rejoins {
+        match raw_join(dir, Some(first.row), token) {
+            Ok(again) => kept.push(again.stream),
+            Err(_) => refused += 1,
+        }
+    }
+    say(&format!(
+        "rejoined welcomed={} refused={refused}",
+        kept.len() - 1
+    ));
+    let _ = std::io::stdin().lock().read_line(&mut String::new());
+    drop((kept, first.members, first.pool));
 }
 
 // ----- The parent's side. -----
@@ -465,4 +568,42 @@ fn a_process_holding_the_domains_lock_delays_a_join_only_until_its_timeout() {
     );
     jammer.kill();
     assert!(Domain::join(&short).unwrap().is_coordinator());
+}
+
+// ----- 2. A member's rejoins. -----
+
+/// The coordinator's open descriptors, as it counts them.
+fn fds(coordinator: &mut Peer) -> usize {
+    coordinator.ok("fds").parse().unwrap()
+}
+
+#[test]
+fn a_member_rejoining_in_a_loop_holds_one_socket_of_the_coordinator() {
+    let dir = TestDir::new("rejoin");
+    let (mut coordinator, coordinates) = Peer::worker(&dir.0, None, &[]);
+    assert!(coordinates);
+    let before = fds(&mut coordinator);
+    let d = Domain::join(&config(&dir.0, &[])).unwrap();
+    let rejoiner = Peer::start("rejoiner", &dir.0, None, &[(REJOINS, "300")]);
+
+    // Meanwhile the others share pages and join as usual.
+    let mine = d.alloc_from(&pattern(3, LEN)).unwrap();
+    coordinator.ok(&format!("map 1 {}", hex(&mine.share().unwrap().to_bytes())));
+    assert_eq!(coordinator.ok("check 1 3"), "true");
+    let (mut late, _) = Peer::worker(&dir.0, None, &[]);
+    late.ok("alloc 1 4");
+    coordinator.ok(&format!("map 2 {}", late.ok("share 1")));
+    assert_eq!(coordinator.ok("check 2 4"), "true");
+
+    let rejoined = rejoiner.line();
+    // Three members' sockets (ours, the late worker's, the rejoiner's first), and a few
+    // descriptors of joins still ending.
+    eventually("the coordinator holds a socket per member", || {
+        fds(&mut coordinator) <= before + 8
+    });
+    assert_eq!(rejoined, "rejoined welcomed=0 refused=300");
+    assert_eq!(d.stats().members, 4);
+    drop(rejoiner);
+    eventually("the killed rejoiner is reaped", || d.stats().members == 3);
+    assert_eq!(late.ok("check 1 4"), "true");
 }

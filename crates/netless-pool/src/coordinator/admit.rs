@@ -1,7 +1,9 @@
 //! The coordinator's side of the pool handshake: each join on a thread of its own, checked
 //! against the ACL, offered a members file of its own, checked against its liveness token,
-//! given a member row and the pool. It never watches the members it admitted (the
-//! coordinator's thread does).
+//! given a member row and the pool. A member is admitted with one socket at a time: a
+//! rejoin of a row whose socket the coordinator still holds is refused, so no member can
+//! make it hold more than [`MAX_MEMBERS`] sockets plus the joins in progress. It never
+//! watches the members it admitted (the coordinator's thread does).
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -31,6 +33,41 @@ pub(super) struct Admission {
     pub(super) map: Arc<PoolMap>,
     pub(super) tokens: Tokens,
     pub(super) me: usize,
+    pub(super) watched: Watched,
+}
+
+/// The generation of each member row whose socket the coordinator holds, or is handing a
+/// welcome on: the one socket of that member it watches.
+pub(super) struct Watched(Mutex<[Option<u32>; MAX_MEMBERS]>);
+
+impl Watched {
+    pub(super) fn new() -> Watched {
+        Watched(Mutex::new([None; MAX_MEMBERS]))
+    }
+
+    /// Takes row `member` of `generation` for a rejoin; false if a socket of it is watched.
+    fn claim(&self, member: usize, generation: u32) -> bool {
+        let mut rows = lock(&self.0);
+        if rows[member] == Some(generation) {
+            return false;
+        }
+        rows[member] = Some(generation);
+        true
+    }
+
+    /// Row `member` is a new member's, of `generation`: any socket of the row's earlier
+    /// members is stale (the coordinator closes it when it takes the new one).
+    fn replace(&self, member: usize, generation: u32) {
+        lock(&self.0)[member] = Some(generation);
+    }
+
+    /// The socket of row `member` of `generation` is gone (or was never handed over).
+    pub(super) fn release(&self, member: usize, generation: u32) {
+        let mut rows = lock(&self.0);
+        if rows[member] == Some(generation) {
+            rows[member] = None;
+        }
+    }
 }
 
 /// A member's socket, which the coordinator watches for its hang-up.
@@ -60,7 +97,7 @@ impl Joins {
 
     /// Starts the join of the process that just connected on `stream`.
     pub(super) fn start(&mut self, admission: &Arc<Admission>, stream: UnixStream) {
-        self.in_flight.retain(|(thread, _)| !thread.is_finished());
+        self.prune();
         if self.in_flight.len() >= MAX_JOINS {
             refuse(
                 &stream,
@@ -95,6 +132,11 @@ impl Joins {
             Ok(thread) => self.in_flight.push((thread, handle)),
             Err(e) => tracing::warn!("netless-pool: cannot spawn a join thread: {e}"),
         }
+    }
+
+    /// Forgets the joins that ended (and the handles on their sockets).
+    pub(super) fn prune(&mut self) {
+        self.in_flight.retain(|(thread, _)| !thread.is_finished());
     }
 
     /// The members admitted since the last call, with their sockets.
@@ -183,7 +225,10 @@ impl Admission {
                     return refuse(stream, "liveness token already in use: retry", deadline);
                 }
                 match claim_row(map, who, Some(self.me), tokens) {
-                    Some((m, g)) => (m, g, true),
+                    Some((m, g)) => {
+                        self.watched.replace(m, g);
+                        (m, g, true)
+                    }
                     None => {
                         let why = format!("the domain is full ({MAX_MEMBERS} members)");
                         return refuse(stream, &why, deadline);
@@ -196,6 +241,8 @@ impl Admission {
                 if domain != map.domain_id()
                     || row.state.load(Ordering::Acquire) != expect
                     || row.token.load(Ordering::Acquire) != who.token
+                    || row.pid.load(Ordering::Acquire) != who.pid
+                    || row.pid_ns.load(Ordering::Acquire) != who.pid_ns
                 {
                     return refuse(
                         stream,
@@ -203,13 +250,24 @@ impl Admission {
                         deadline,
                     );
                 }
+                // A member rejoins once its socket closed: its coordinator went away.
+                if !self.watched.claim(member, generation) {
+                    let why = format!(
+                        "member {member} is connected to this coordinator already: a member \
+                         rejoins only once its coordinator went away"
+                    );
+                    return refuse(stream, &why, deadline);
+                }
                 (member, generation, false)
             }
         };
         let reply = welcome(map.domain_id(), member, generation);
         let fd = map.segment().fd();
         let fds = if pass_fd { vec![fd.as_fd()] } else { vec![] };
-        netless_shm::send_frame_by(stream, &reply, &fds, deadline).ok()?;
+        if netless_shm::send_frame_by(stream, &reply, &fds, deadline).is_err() {
+            self.watched.release(member, generation);
+            return None;
+        }
         let _ = stream.set_read_timeout(None);
         let _ = stream.set_write_timeout(None);
         Some((member, generation))

@@ -41,7 +41,7 @@ mod admit;
 mod files;
 mod handshake;
 
-use admit::{Admission, Conn, Joins};
+use admit::{Admission, Conn, Joins, Watched};
 use files::{paths, try_flock, Paths};
 use handshake::{join_err, try_connect, Attempt, Joined};
 
@@ -359,6 +359,9 @@ impl Serve {
             if self.stopping() {
                 return;
             }
+            // Closed on our side too before we rejoin: a coordinator watches one socket per
+            // member, and refuses a rejoin while it still holds one.
+            let _ = stream.shutdown(std::net::Shutdown::Both);
             loop {
                 let rejoin = Some((self.map.domain_id(), self.member, self.generation));
                 let members = self.tokens.file();
@@ -420,6 +423,7 @@ impl Serve {
             map: self.map.clone(),
             tokens: self.tokens.clone(),
             me: self.member,
+            watched: Watched::new(),
         });
         reap_dead_members(&self.map, &self.tokens, Some(self.member));
         let mut last_sweep = Instant::now();
@@ -444,14 +448,23 @@ impl Serve {
             }
             let mut gone = Vec::new();
             for (i, c) in conns.iter().enumerate() {
-                if ready[2 + i] {
-                    let mut byte = [0u8; 1];
-                    // Members never write after joining: readable means hung up.
-                    if matches!((&c.stream).read(&mut byte), Ok(0) | Err(_)) {
-                        gone.push(i);
-                        let (map, tokens) = (&self.map, &self.tokens);
-                        reap_hung_up(map, tokens, c.member, c.generation, self.member);
-                    }
+                if !ready[2 + i] {
+                    continue;
+                }
+                let mut byte = [0u8; 1];
+                let hung_up = match (&c.stream).read(&mut byte) {
+                    Ok(0) => true,
+                    // Members never write after joining: one that does is cut off (it
+                    // rejoins, if it still runs).
+                    Ok(_) => false,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => true,
+                };
+                gone.push(i);
+                admission.watched.release(c.member, c.generation);
+                if hung_up {
+                    let (map, tokens) = (&self.map, &self.tokens);
+                    reap_hung_up(map, tokens, c.member, c.generation, self.member);
                 }
             }
             for i in gone.into_iter().rev() {
@@ -462,8 +475,19 @@ impl Serve {
                     joins.start(&admission, stream);
                 }
             }
-            // Joins end on their own threads; their members are watched from the next turn.
-            conns.extend(joins.take_admitted());
+            // Joins end on their own threads; their members are watched from the next turn,
+            // one socket per row: an earlier one is a member's that was reaped (or left)
+            // while its socket stayed open, and goes.
+            for conn in joins.take_admitted() {
+                if let Some(i) = conns.iter().position(|c| c.member == conn.member) {
+                    let _ = conns
+                        .swap_remove(i)
+                        .stream
+                        .shutdown(std::net::Shutdown::Both);
+                }
+                conns.push(conn);
+            }
+            joins.prune();
             if last_sweep.elapsed() >= TICK {
                 last_sweep = Instant::now();
                 reap_dead_members(&self.map, &self.tokens, Some(self.member));
