@@ -9,12 +9,15 @@
 //!   every token at once keeps no dead member from being reaped, and gets no live one
 //!   reaped; one that holds the domain's lock delays a join only until its timeout;
 //! - a member that asks to rejoin its own row in a loop costs the coordinator one socket,
-//!   not one per request, and the others keep joining and sharing.
+//!   not one per request, and the others keep joining and sharing;
+//! - a coordinator that trickles its handshake a byte at a time holds a join no longer than
+//!   its timeout, and a member rejoining it leaves the domain at once when dropped.
 //!
 //! Peers are this test binary again, running only `child_process_entry`: a `worker` (a member
 //! driven by line commands), a `jammer` (which takes the domain's locks if it can and says
-//! what it got) or a `rejoiner` (a member that speaks the join protocol by hand). Children
-//! prefix their lines with `@@`.
+//! what it got), a `rejoiner` (a member that speaks the join protocol by hand) or a
+//! `trickler` (a coordinator that turns into a fake one). Children prefix their lines with
+//! `@@`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
@@ -153,6 +156,7 @@ fn child_process_entry() {
         "worker" => worker(&config(&dir, &uids)),
         "jammer" => jammer(&dir, &std::env::var(JAM).unwrap()),
         "rejoiner" => rejoiner(&dir, std::env::var(REJOINS).unwrap().parse().unwrap()),
+        "trickler" => trickler(&config(&dir, &uids)),
         other => panic!("unknown role {other}"),
     }
 }
@@ -343,6 +347,53 @@ fn rejoiner(dir: &Path, rejoins: usize) {
     drop((kept, first.members, first.pool));
 }
 
+/// Founds the domain; on `trickle`, keeps its lock (a second descriptor of the coordinator's
+/// own open lock file, so that no member can take over), stops coordinating, and serves the
+/// domain's socket as a fake coordinator that sends one byte every 300 ms to whoever
+/// connects, announcing a 4000-byte frame (20 minutes of it).
+fn trickler(config: &DomainConfig) {
+    let dir = config.dir.clone().unwrap();
+    let domain = Domain::join(config).unwrap();
+    assert!(domain.is_coordinator());
+    let lock_path = file(&dir, "lock");
+    let held = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|p| p == lock_path))
+        .map(|e| e.file_name().to_str().unwrap().parse::<i32>().unwrap())
+        .expect("the coordinator's lock file among our descriptors");
+    // SAFETY: descriptor `held` is the coordinator's open lock file, which it keeps until
+    // `domain` is dropped, after this duplicate is made.
+    let lock = unsafe { std::os::fd::BorrowedFd::borrow_raw(held) }
+        .try_clone_to_owned()
+        .unwrap();
+    say("ready true 0");
+    let _ = std::io::stdin().lock().read_line(&mut String::new());
+    drop(domain);
+    let _ = std::fs::remove_file(socket(&dir));
+    let listener = std::os::unix::net::UnixListener::bind(socket(&dir)).unwrap();
+    say("trickling");
+    // Gone with the test, even one that was killed.
+    std::thread::spawn(|| {
+        let _ = std::io::stdin().lock().read_line(&mut String::new());
+        std::process::exit(0);
+    });
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        say("accepted");
+        std::thread::spawn(move || {
+            let announced = 4000u32.to_le_bytes();
+            for byte in announced.into_iter().chain(std::iter::repeat(0)) {
+                if stream.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+    }
+    drop(lock);
+}
+
 // ----- The parent's side. -----
 
 /// A child process in a process group of its own, killed on drop.
@@ -421,6 +472,14 @@ impl Peer {
             Some(rest) => rest.trim().to_owned(),
             None => panic!("`{command}` failed in child {}: {answer}", self.child.id()),
         }
+    }
+
+    /// Sends `command` and expects `line` back.
+    fn ok_line(&mut self, command: &str, line: &str) {
+        let stdin = self.stdin.as_mut().expect("child still running");
+        writeln!(stdin, "{command}").unwrap();
+        stdin.flush().unwrap();
+        assert_eq!(self.line(), line, "after `{command}`");
     }
 
     /// SIGKILL to its process group, then reap it.
@@ -606,4 +665,54 @@ fn a_member_rejoining_in_a_loop_holds_one_socket_of_the_coordinator() {
     drop(rejoiner);
     eventually("the killed rejoiner is reaped", || d.stats().members == 3);
     assert_eq!(late.ok("check 1 4"), "true");
+}
+
+// ----- 3. A trickling coordinator. -----
+
+/// Runs `f` on a thread; its result, or `None` if it is still running after `limit`.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+#[test]
+fn a_trickling_coordinator_holds_a_join_no_longer_than_its_timeout() {
+    let dir = TestDir::new("trickle");
+    let mut trickler = Peer::start("trickler", &dir.0, None, &[]);
+    assert!(trickler.line().starts_with("ready"));
+    // A member whose own joins may take a minute: only stopping it can end its rejoin soon.
+    let member = Domain::join(&config(&dir.0, &[])).unwrap();
+    assert!(!member.is_coordinator());
+    trickler.ok_line("trickle", "trickling");
+    assert_eq!(
+        trickler.line(),
+        "accepted",
+        "the member did not try to rejoin"
+    );
+
+    // The member, in the middle of its rejoin's handshake, leaves at once.
+    let left = within(Duration::from_secs(10), move || drop(member));
+    assert!(
+        left.is_some(),
+        "dropping a Domain whose watcher is rejoining hung"
+    );
+
+    // A new process joins with a 3 s timeout: it gives up by then, saying why.
+    let mut short = config(&dir.0, &[]);
+    short.join_timeout = Duration::from_secs(3);
+    let started = Instant::now();
+    let joined = within(short.join_timeout + Duration::from_secs(10), move || {
+        Domain::join(&short).map(drop)
+    });
+    let err = joined
+        .expect("a join was held past its timeout by a trickling coordinator")
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("did not finish the handshake"),
+        "unclear error: {err}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(3), "{err}");
 }

@@ -5,12 +5,13 @@
 //! The coordinator speaks first, once the ACL admitted the joiner: an offer carrying its
 //! protocol version and a new open file of the domain's members file (or a refusal). The
 //! joiner, holding its token, sends its request; the coordinator answers with a welcome (and
-//! the pool's fd, for a new member) or a refusal.
+//! the pool's fd, for a new member) or a refusal. Each side gives the whole exchange one
+//! deadline, however the other paces its bytes.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::Instant;
 
 use super::files::Paths;
 use crate::layout::MAX_MEMBERS;
@@ -27,6 +28,8 @@ pub(super) const PROTOCOL: u32 = 3;
 /// Bytes of a join request: magic, protocol, domain id, member row and generation (to
 /// rejoin), liveness token, pid and pid namespace.
 pub(super) const JOIN_LEN: usize = 44;
+/// Longest frame a joiner reads from a coordinator (a refusal carries its reason).
+const MAX_REPLY: usize = 4096;
 
 /// What a joining process asks for.
 pub(super) struct Request {
@@ -123,15 +126,18 @@ pub(super) fn join_err(config: &DomainConfig, reason: String) -> PoolError {
     }
 }
 
-/// One try at joining through the socket as `me`; `rejoin` re-registers an existing member.
-/// `members` is the members file `me.token` is held on, if this process has one; otherwise
-/// it takes the one the coordinator offers and holds its token there.
+/// One try at joining through the socket as `me`, all of it by `deadline`; `rejoin`
+/// re-registers an existing member. `members` is the members file `me.token` is held on, if
+/// this process has one; otherwise it takes the one the coordinator offers and holds its
+/// token there. `publish` sees the socket before anything is read from it, so that a
+/// stopping member can shut it down, and returns false to give up (as if nobody answered).
 pub(super) fn try_connect(
     config: &DomainConfig,
     paths: &Paths,
     me: &Identity,
-    rejoin: Option<(u64, usize, u32)>,
-    members: Option<&File>,
+    (rejoin, members): (Option<(u64, usize, u32)>, Option<&File>),
+    deadline: Instant,
+    publish: &dyn Fn(&UnixStream) -> bool,
 ) -> Result<Attempt, PoolError> {
     let stream = match paths.dir.connect(&paths.socket) {
         Ok(s) => s,
@@ -157,16 +163,22 @@ pub(super) fn try_connect(
             ),
         ));
     }
-    let io = |e: std::io::Error| join_err(config, format!("socket set-up: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .map_err(io)?;
-    stream
-        .set_write_timeout(Some(Duration::from_secs(2)))
-        .map_err(io)?;
-    let handshake =
-        |e: netless_shm::Error| join_err(config, format!("handshake with the coordinator: {e}"));
-    let (frame, fds) = match netless_shm::recv_frame(&stream, 1) {
+    if !publish(&stream) {
+        return Ok(Attempt::NoCoordinator);
+    }
+    let handshake = |e: netless_shm::Error| match e {
+        netless_shm::Error::Timeout | netless_shm::Error::Protocol(_) => join_err(
+            config,
+            format!(
+                "the coordinator at {} did not finish the handshake within the join timeout \
+                 ({:?}): is it hung, or not a netless coordinator?",
+                paths.socket_path().display(),
+                config.join_timeout
+            ),
+        ),
+        e => join_err(config, format!("handshake with the coordinator: {e}")),
+    };
+    let (frame, fds) = match netless_shm::recv_frame_by(&stream, 1, MAX_REPLY, deadline) {
         Ok(r) => r,
         // The coordinator is exiting: treat as absent and retry.
         Err(netless_shm::Error::PeerClosed) => return Ok(Attempt::NoCoordinator),
@@ -185,15 +197,17 @@ pub(super) fn try_connect(
         }
     };
     let request = Request { rejoin, who: *me };
-    let reply = netless_shm::send_frame(&stream, &request.encode(), &[])
-        .and_then(|()| netless_shm::recv_frame(&stream, 1));
+    let reply = netless_shm::send_frame_by(&stream, &request.encode(), &[], deadline)
+        .and_then(|()| netless_shm::recv_frame_by(&stream, 1, MAX_REPLY, deadline));
     let (payload, fds) = match reply {
         Ok(r) => r,
         Err(netless_shm::Error::PeerClosed) => return Ok(Attempt::NoCoordinator),
         Err(e) => return Err(handshake(e)),
     };
     let (member, generation) = check_welcome(config, &payload)?;
+    let io = |e: std::io::Error| join_err(config, format!("socket set-up: {e}"));
     stream.set_read_timeout(None).map_err(io)?;
+    stream.set_write_timeout(None).map_err(io)?;
     Ok(Attempt::Joined(Joined {
         stream,
         pool: fds.into_iter().next(),

@@ -46,6 +46,9 @@ use files::{paths, try_flock, Paths};
 use handshake::{join_err, try_connect, Attempt, Joined};
 
 const TICK: Duration = Duration::from_millis(250);
+/// How long a member waits for a new coordinator before it warns that someone holds the
+/// domain's lock without serving it.
+const LOST_WARNING: Duration = Duration::from_secs(10);
 
 /// Joins domain `config.name`, founding it if nobody coordinates it.
 pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
@@ -56,7 +59,8 @@ pub(crate) fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
     let me = Identity::this_process(random_token());
     let deadline = Instant::now() + config.join_timeout;
     loop {
-        if let Attempt::Joined(joined) = try_connect(config, &paths, &me, None, None)? {
+        let attempt = try_connect(config, &paths, &me, (None, None), deadline, &|_| true)?;
+        if let Attempt::Joined(joined) = attempt {
             return become_member(config, paths, me, joined, deadline);
         }
         let not_founded = match found(config, &paths, me)? {
@@ -249,6 +253,16 @@ enum Role {
     Coordinate(File, UnixListener),
 }
 
+/// What a member whose coordinator went away became.
+enum Rejoined {
+    /// A member again, watching this socket to its new coordinator.
+    Member(UnixStream),
+    /// The coordinator: it holds the domain's lock and listens on its socket.
+    Coordinator(File, UnixListener),
+    /// Nothing: the membership is ending.
+    Stopped,
+}
+
 /// A member's connection to its domain: the watcher (or coordinator) thread.
 pub(crate) struct Link {
     shared: Arc<LinkShared>,
@@ -362,54 +376,84 @@ impl Serve {
             // Closed on our side too before we rejoin: a coordinator watches one socket per
             // member, and refuses a rejoin while it still holds one.
             let _ = stream.shutdown(std::net::Shutdown::Both);
-            loop {
-                let rejoin = Some((self.map.domain_id(), self.member, self.generation));
-                let members = self.tokens.file();
-                match try_connect(&self.config, &self.paths, &self.me, rejoin, members) {
-                    Ok(Attempt::Joined(joined)) => {
-                        *lock(&self.shared.socket) = joined.stream.try_clone().ok();
-                        stream = joined.stream;
-                        break;
-                    }
-                    Ok(Attempt::NoCoordinator) => {}
-                    Err(e) => {
-                        // Keep trying: a slow or restarting coordinator must not leave this
-                        // member unable to take over later.
-                        tracing::warn!("netless-pool: rejoining the domain's coordinator: {e}");
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
+            match self.rejoin() {
+                Rejoined::Member(joined) => stream = joined,
+                Rejoined::Coordinator(lock_file, listener) => {
+                    tracing::info!(
+                        "netless-pool: member {} took over domain `{}`",
+                        self.member,
+                        self.config.name
+                    );
+                    self.shared.coordinator.store(true, Ordering::Release);
+                    return self.coordinate(lock_file, listener);
                 }
-                // Only a process that may open the domain's files takes it over; the others
-                // wait for one that may.
-                let pause = match self.paths.open_lock() {
-                    Ok(Some(lock_file)) => {
-                        if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
-                            match self.paths.bind(&self.config.acl) {
-                                Ok(listener) => {
-                                    tracing::info!(
-                                        "netless-pool: member {} took over domain `{}`",
-                                        self.member,
-                                        self.config.name
-                                    );
-                                    self.shared.coordinator.store(true, Ordering::Release);
-                                    return self.coordinate(lock_file, listener);
-                                }
-                                Err(e) => tracing::warn!("netless-pool: take-over failed: {e}"),
-                            }
-                        }
-                        Duration::from_millis(2)
-                    }
-                    Ok(None) => Duration::from_millis(50),
-                    Err(e) => {
-                        tracing::warn!("netless-pool: cannot take the domain over: {e}");
-                        Duration::from_millis(100)
-                    }
-                };
-                if self.stopping() {
-                    return;
-                }
-                std::thread::sleep(pause);
+                Rejoined::Stopped => return,
             }
+        }
+    }
+
+    /// Rejoins the domain's next coordinator, or becomes it, unless stopped first. Each try at
+    /// joining has a deadline, and the socket of the one in progress is where `Link::stop`
+    /// finds it.
+    fn rejoin(&self) -> Rejoined {
+        let lost = Instant::now();
+        let mut warned = false;
+        let publish = |s: &UnixStream| {
+            *lock(&self.shared.socket) = s.try_clone().ok();
+            // Checked after publishing: a stop that came first is seen here, one that comes
+            // later shuts this socket down.
+            !self.stopping()
+        };
+        loop {
+            let ask = (
+                Some((self.map.domain_id(), self.member, self.generation)),
+                self.tokens.file(),
+            );
+            let deadline = Instant::now() + self.config.join_timeout;
+            match try_connect(&self.config, &self.paths, &self.me, ask, deadline, &publish) {
+                Ok(Attempt::Joined(joined)) => return Rejoined::Member(joined.stream),
+                Ok(Attempt::NoCoordinator) => {}
+                Err(_) if self.stopping() => return Rejoined::Stopped,
+                Err(e) => {
+                    // Keep trying: a slow or restarting coordinator must not leave this
+                    // member unable to take over later.
+                    tracing::warn!("netless-pool: rejoining the domain's coordinator: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            // Only a process that may open the domain's files takes it over; the others wait
+            // for one that may.
+            let pause = match self.paths.open_lock() {
+                Ok(Some(lock_file)) => {
+                    if try_flock(&lock_file, FlockOperation::NonBlockingLockExclusive) {
+                        match self.paths.bind(&self.config.acl) {
+                            Ok(listener) => return Rejoined::Coordinator(lock_file, listener),
+                            Err(e) => tracing::warn!("netless-pool: take-over failed: {e}"),
+                        }
+                    } else if !warned && lost.elapsed() >= LOST_WARNING {
+                        warned = true;
+                        tracing::warn!(
+                            "netless-pool: domain `{}` has had no coordinator for {:?}, and a \
+                             process holds its lock {} without serving it (only processes of \
+                             uid {} or root can open it): this member keeps trying",
+                            self.config.name,
+                            lost.elapsed(),
+                            self.paths.lock_path().display(),
+                            self.paths.dir.owner()
+                        );
+                    }
+                    Duration::from_millis(2)
+                }
+                Ok(None) => Duration::from_millis(50),
+                Err(e) => {
+                    tracing::warn!("netless-pool: cannot take the domain over: {e}");
+                    Duration::from_millis(100)
+                }
+            };
+            if self.stopping() {
+                return Rejoined::Stopped;
+            }
+            std::thread::sleep(pause);
         }
     }
 
