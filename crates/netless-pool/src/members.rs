@@ -125,8 +125,16 @@ impl Tokens {
 
 /// Whether the process recorded in row `member` still runs. Not for the caller's own row:
 /// its own open file does not see its own token.
+///
+/// A row is ALIVE only once its token is written, and keeps it until it is FREE again (a
+/// leaving member frees its row without clearing it): token 0 on an ALIVE row is no death
+/// but a member's write into another's row, and counts as alive like any doubt.
 pub(crate) fn row_alive(map: &PoolMap, tokens: &Tokens, member: usize) -> bool {
-    tokens.held(map.members()[member].token.load(Ordering::Acquire))
+    let row = &map.members()[member];
+    match row.token.load(Ordering::Acquire) {
+        0 => row.state.load(Ordering::Acquire) & 0xff == member_state::ALIVE,
+        token => tokens.held(token),
+    }
 }
 
 /// Whether process `pid` of pid namespace `pid_ns` (as the caller, in that namespace, sees
@@ -192,9 +200,14 @@ pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
     let row = &map.members()[member];
     let word = row.state.load(Ordering::Acquire);
     let free = (word >> 32) << 32 | member_state::FREE;
-    row.pid.store(0, Ordering::Relaxed);
-    row.pid_ns.store(0, Ordering::Relaxed);
-    row.token.store(0, Ordering::Relaxed);
+    // A reaped row (REAPING, ours) names nobody from here on. A leaving member's stays as it
+    // is until the row is claimed again: cleared while still ALIVE, it would read as a row
+    // whose token a member overwrote, alive, should the member die before freeing it.
+    if !leaving {
+        row.pid.store(0, Ordering::Relaxed);
+        row.pid_ns.store(0, Ordering::Relaxed);
+        row.token.store(0, Ordering::Relaxed);
+    }
     // Exactly the word we (the reaper, or the leaving member) own: never overwrite a row that
     // someone else has since changed.
     if row

@@ -11,13 +11,16 @@
 //! - a member that asks to rejoin its own row in a loop costs the coordinator one socket,
 //!   not one per request, and the others keep joining and sharing;
 //! - a coordinator that trickles its handshake a byte at a time holds a join no longer than
-//!   its timeout, and a member rejoining it leaves the domain at once when dropped.
+//!   its timeout, and a member rejoining it leaves the domain at once when dropped;
+//! - a member that writes 0 over another member's liveness token in the shared member table
+//!   does not get it reaped (what else a member can do to another is in the design's trust
+//!   model: a domain is one trust group).
 //!
 //! Peers are this test binary again, running only `child_process_entry`: a `worker` (a member
 //! driven by line commands), a `jammer` (which takes the domain's locks if it can and says
-//! what it got), a `rejoiner` (a member that speaks the join protocol by hand) or a
-//! `trickler` (a coordinator that turns into a fake one). Children prefix their lines with
-//! `@@`.
+//! what it got), a `rejoiner` or a `zeroer` (members that speak the join protocol by hand
+//! and misbehave) or a `trickler` (a coordinator that turns into a fake one). Children
+//! prefix their lines with `@@`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
@@ -38,6 +41,8 @@ const DIR: &str = "NLP_HOSTILE_DIR";
 const UIDS: &str = "NLP_HOSTILE_UIDS";
 /// How many times a rejoiner asks to rejoin.
 const REJOINS: &str = "NLP_HOSTILE_REJOINS";
+/// The member row whose token a zeroer overwrites.
+const VICTIM: &str = "NLP_HOSTILE_VICTIM";
 /// What a jammer takes: `range` (a read lock over the whole members file) or `all` (that,
 /// and the flocks: the domain's lock exclusively, the members file shared).
 const JAM: &str = "NLP_HOSTILE_JAM";
@@ -157,6 +162,7 @@ fn child_process_entry() {
         "jammer" => jammer(&dir, &std::env::var(JAM).unwrap()),
         "rejoiner" => rejoiner(&dir, std::env::var(REJOINS).unwrap().parse().unwrap()),
         "trickler" => trickler(&config(&dir, &uids)),
+        "zeroer" => zeroer(&dir, std::env::var(VICTIM).unwrap().parse().unwrap()),
         other => panic!("unknown role {other}"),
     }
 }
@@ -197,6 +203,7 @@ fn worker(config: &DomainConfig) {
                     .unwrap()
                     .count()
                     .to_string(),
+                "reap" => domain.reap_dead().to_string(),
                 "stats" => {
                     let s = domain.stats();
                     let coordinates = domain.is_coordinator();
@@ -345,6 +352,44 @@ fn rejoiner(dir: &Path, rejoins: usize) {
     ));
     let _ = std::io::stdin().lock().read_line(&mut String::new());
     drop((kept, first.members, first.pool));
+}
+
+/// Joins by hand, maps the pool as any member does, writes 0 over row `victim`'s liveness
+/// token (at 4096 + 64 × row + 56: the member table's layout), says what it read before and
+/// after, and holds on until stdin closes.
+fn zeroer(dir: &Path, victim: usize) {
+    let token = u64::from(std::process::id()) << 16 | 0x0123;
+    let joined = raw_join(dir, None, token).unwrap();
+    let pool = joined.pool.expect("a new member gets the pool");
+    let len = 2 * PAGE_SIZE;
+    // SAFETY: a new shared mapping of the pool's memfd, which is far longer than 8 KiB;
+    // nothing else in this process refers to it.
+    let base = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &pool,
+            0,
+        )
+    }
+    .unwrap();
+    let offset = PAGE_SIZE + 64 * victim + 56;
+    assert!(offset + 8 <= len);
+    // SAFETY: the offset is 8-aligned and inside the mapping, which lives to the end of
+    // this function; every process reads and writes the word atomically.
+    let word = unsafe {
+        &*base
+            .cast::<u8>()
+            .add(offset)
+            .cast::<std::sync::atomic::AtomicU64>()
+    };
+    let before = word.swap(0, std::sync::atomic::Ordering::SeqCst);
+    let after = word.load(std::sync::atomic::Ordering::SeqCst);
+    say(&format!("zeroed {before} {after}"));
+    let _ = std::io::stdin().lock().read_line(&mut String::new());
+    drop((joined.stream, joined.members));
 }
 
 /// Founds the domain; on `trickle`, keeps its lock (a second descriptor of the coordinator's
@@ -715,4 +760,33 @@ fn a_trickling_coordinator_holds_a_join_no_longer_than_its_timeout() {
         "unclear error: {err}"
     );
     assert!(started.elapsed() >= Duration::from_secs(3), "{err}");
+}
+
+// ----- 4. A member writing another's row. -----
+
+#[test]
+fn a_member_that_zeroes_another_members_token_gets_it_no_reaped() {
+    let dir = TestDir::new("zero");
+    let (mut coordinator, coordinates) = Peer::worker(&dir.0, None, &[]);
+    assert!(coordinates);
+    let d = Domain::join(&config(&dir.0, &[])).unwrap();
+    let mine = d.alloc_from(&pattern(5, LEN)).unwrap();
+    let held = d.stats().held_pages;
+    let victim = d.member().to_string();
+    let zeroer = Peer::start("zeroer", &dir.0, None, &[(VICTIM, &victim)]);
+    let zeroed = zeroer.line();
+    let w: Vec<&str> = zeroed.split_whitespace().collect();
+    assert!(w[0] == "zeroed" && w[1] != "0" && w[2] == "0", "{zeroed}");
+
+    // The coordinator sweeps every 250 ms: a second is several sweeps.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        coordinator.ok("reap"),
+        "0",
+        "a reaper took token 0 for a death"
+    );
+    let now = d.stats();
+    assert_eq!(now.members, 3, "a live member was reaped: {now:?}");
+    assert_eq!(now.held_pages, held, "our pages were released: {now:?}");
+    assert_eq!(mine.to_vec(), pattern(5, LEN));
 }
