@@ -49,7 +49,8 @@ pub struct DomainConfig {
     pub ref_ttl: Duration,
     /// Who may join (checked with `SO_PEERCRED` before the pool's fd is passed).
     pub acl: netless_shm::Acl,
-    /// How long joining may take (including waiting for a new coordinator).
+    /// How long joining may take, however the coordinator paces its bytes (including
+    /// waiting for a new coordinator); also the bound of each try at rejoining a new one.
     pub join_timeout: Duration,
 }
 

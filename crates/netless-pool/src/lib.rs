@@ -50,8 +50,9 @@ impl Domain {
     /// it from a thread of this process) if nobody does yet.
     ///
     /// # Errors
-    /// [`PoolError::Join`] if the coordinator refuses us (ACL, domain full) or none answers
-    /// within `join_timeout`; [`PoolError::Shm`] for socket or memfd failures.
+    /// [`PoolError::Join`] if the coordinator refuses us (ACL, domain full), or none
+    /// finishes its handshake with us within `join_timeout` (and this process may not found
+    /// the domain, or members are alive); [`PoolError::Shm`] for socket or memfd failures.
     pub fn join(config: &DomainConfig) -> Result<Domain, PoolError> {
         coordinator::join(config)
     }

@@ -12,7 +12,10 @@
 //! (`netless_shm::hold_liveness_token`); the kernel drops the lock when it dies, however it
 //! dies. Any member asks the same file, so the answer is the same in every pid namespace:
 //! no pid is looked up in `/proc`, and none can be reused. Whatever cannot be answered counts
-//! as alive, so a live member's pages are never freed on doubt. A row also names its process
+//! as alive, so a live member's pages are never freed on doubt: a token covered by a lock
+//! that is no member's (`TokenLock::Covered`) counts as alive too, but for a member whose
+//! socket to the coordinator hung up, which is gone whatever covers its token. A row also
+//! names its process
 //! as the process sees itself (its pid and pid namespace), so that a server can tell which
 //! member a socket's peer is, in the namespace both share.
 //!
@@ -21,8 +24,10 @@
 //! only by clearing a member's holder bit (`pages::reap`).
 
 use std::fs::File;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use netless_shm::TokenLock;
 
 use crate::layout::{member_state, slot_parts, slot_state, slot_word, PoolMap, MAX_MEMBERS};
 use crate::pages;
@@ -59,32 +64,77 @@ pub(crate) fn pid_namespace() -> u64 {
 /// The domain's `members` file, through which members' liveness tokens are held and
 /// tested; none for a private pool, which no other process can join.
 #[derive(Clone, Debug)]
-pub(crate) struct Tokens(Option<Arc<File>>);
+pub(crate) struct Tokens {
+    file: Option<Arc<File>>,
+    /// Whether this process has warned of a lock covering members' tokens.
+    warned: Arc<AtomicBool>,
+}
 
 impl Tokens {
     pub(crate) fn new(members: Arc<File>) -> Tokens {
-        Tokens(Some(members))
+        Tokens {
+            file: Some(members),
+            warned: Arc::default(),
+        }
     }
 
     pub(crate) fn private() -> Tokens {
-        Tokens(None)
+        Tokens {
+            file: None,
+            warned: Arc::default(),
+        }
     }
 
-    /// Whether the holder of `token` still runs. False only when the kernel says nobody
-    /// holds it (or there is no token at all); a failed question counts as alive.
-    pub(crate) fn held(&self, token: u64) -> bool {
-        match &self.0 {
-            None => true,
-            Some(_) if token == 0 => false,
-            Some(file) => netless_shm::liveness_token_held(file, token).unwrap_or(true),
+    /// The members file this process holds its token on; none for a private pool.
+    pub(crate) fn file(&self) -> Option<&File> {
+        self.file.as_deref()
+    }
+
+    /// What locks `token`: [`TokenLock::Free`] only when the kernel says nothing does (or
+    /// there is no token at all); a failed question, and any token of a private pool, is
+    /// [`TokenLock::Held`].
+    pub(crate) fn lock(&self, token: u64) -> TokenLock {
+        let Some(file) = &self.file else {
+            return TokenLock::Held;
+        };
+        if token == 0 {
+            return TokenLock::Free;
         }
+        match netless_shm::liveness_token_lock(file, token) {
+            Ok(TokenLock::Covered) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "netless-pool: a lock that no member takes covers members' liveness \
+                         tokens in the domain's members file: a process that can open it (its \
+                         owner's, root's or a member's) is interfering; a member it covers is \
+                         reaped only once its socket to the coordinator closes"
+                    );
+                }
+                TokenLock::Covered
+            }
+            Ok(lock) => lock,
+            Err(_) => TokenLock::Held,
+        }
+    }
+
+    /// Whether the holder of `token` may still run: anything locks it (see [`Tokens::lock`]).
+    pub(crate) fn held(&self, token: u64) -> bool {
+        self.lock(token) != TokenLock::Free
     }
 }
 
 /// Whether the process recorded in row `member` still runs. Not for the caller's own row:
 /// its own open file does not see its own token.
+///
+/// A row is ALIVE only once its token is written, and keeps it until it is FREE again (a
+/// leaving member frees its row without clearing it): token 0 on an ALIVE row is no death
+/// but a member's write into another's row, and counts as alive like any doubt.
 pub(crate) fn row_alive(map: &PoolMap, tokens: &Tokens, member: usize) -> bool {
-    tokens.held(map.members()[member].token.load(Ordering::Acquire))
+    let row = &map.members()[member];
+    match row.token.load(Ordering::Acquire) {
+        0 => row.state.load(Ordering::Acquire) & 0xff == member_state::ALIVE,
+        token => tokens.held(token),
+    }
 }
 
 /// Whether process `pid` of pid namespace `pid_ns` (as the caller, in that namespace, sees
@@ -150,9 +200,14 @@ pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
     let row = &map.members()[member];
     let word = row.state.load(Ordering::Acquire);
     let free = (word >> 32) << 32 | member_state::FREE;
-    row.pid.store(0, Ordering::Relaxed);
-    row.pid_ns.store(0, Ordering::Relaxed);
-    row.token.store(0, Ordering::Relaxed);
+    // A reaped row (REAPING, ours) names nobody from here on. A leaving member's stays as it
+    // is until the row is claimed again: cleared while still ALIVE, it would read as a row
+    // whose token a member overwrote, alive, should the member die before freeing it.
+    if !leaving {
+        row.pid.store(0, Ordering::Relaxed);
+        row.pid_ns.store(0, Ordering::Relaxed);
+        row.token.store(0, Ordering::Relaxed);
+    }
     // Exactly the word we (the reaper, or the leaving member) own: never overwrite a row that
     // someone else has since changed.
     if row
@@ -171,7 +226,7 @@ pub(crate) fn release_member(map: &PoolMap, member: usize, leaving: bool) {
 /// recorded as the reaper. Returns how many rows were reaped.
 pub(crate) fn reap_dead_members(map: &PoolMap, tokens: &Tokens, me: Option<usize>) -> usize {
     let mut reaped = 0;
-    let reaper = me.unwrap_or(0xff) as u64;
+    let reaper = me.unwrap_or(0xff);
     for (m, row) in map.members().iter().enumerate() {
         if Some(m) == me {
             continue;
@@ -188,23 +243,45 @@ pub(crate) fn reap_dead_members(map: &PoolMap, tokens: &Tokens, me: Option<usize
             }
             _ => false,
         };
-        if candidate && !row_alive(map, tokens, m) {
-            let won = row
-                .state
-                .compare_exchange(
-                    word,
-                    (word & !0xffff) | reaper << 8 | member_state::REAPING,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok();
-            if won {
-                release_member(map, m, false);
-                reaped += 1;
-            }
+        if candidate && !row_alive(map, tokens, m) && take_for_reaping(map, m, word, reaper) {
+            reaped += 1;
         }
     }
     reaped
+}
+
+/// Reaps row `member` of generation `generation`, whose socket to the coordinator hung up,
+/// unless its token is held as its holder holds it; `me` is the reaper's row. A member keeps
+/// that socket for as long as it is one (closing netless's descriptors is leaving the
+/// domain), so a token that a lock of someone else's covers (`TokenLock::Covered`: the
+/// holder may or may not be behind it) does not keep it alive. Returns whether it reaped.
+pub(crate) fn reap_hung_up(
+    map: &PoolMap,
+    tokens: &Tokens,
+    member: usize,
+    generation: u32,
+    me: usize,
+) -> bool {
+    let row = &map.members()[member];
+    let word = row.state.load(Ordering::Acquire);
+    // Only the row the socket was for: a member that left, or a row reused since, is not.
+    word == u64::from(generation) << 32 | member_state::ALIVE
+        && tokens.lock(row.token.load(Ordering::Acquire)) != TokenLock::Held
+        && take_for_reaping(map, member, word, me)
+}
+
+/// Takes row `member`, seen as `word`, to REAPING in the name of row `reaper` (0xff: none)
+/// and reaps it; false if the row changed meanwhile (someone else reaps it, or it lives on).
+fn take_for_reaping(map: &PoolMap, member: usize, word: u64, reaper: usize) -> bool {
+    let reaping = (word & !0xffff) | (reaper as u64) << 8 | member_state::REAPING;
+    let won = map.members()[member]
+        .state
+        .compare_exchange(word, reaping, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok();
+    if won {
+        release_member(map, member, false);
+    }
+    won
 }
 
 /// Claims a free member row for process `who`.

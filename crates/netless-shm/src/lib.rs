@@ -42,7 +42,9 @@ pub use clock::{instant_to_monotonic_ns, monotonic_ns, monotonic_ns_to_instant};
 pub use error::Error;
 pub use fdpass::{recv_frame, recv_frame_by, send_frame, send_frame_by, MAX_FDS, MAX_FRAME};
 pub use futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
-pub use liveness::{hold_liveness_token, liveness_token_held, MAX_LIVENESS_TOKEN};
+pub use liveness::{
+    hold_liveness_token, liveness_token_held, liveness_token_lock, TokenLock, MAX_LIVENESS_TOKEN,
+};
 pub use peercred::{peer_cred, Acl, PeerCred};
 pub use segment::{Published, PublishedView, Segment};
 pub use socket_claim::SocketClaim;

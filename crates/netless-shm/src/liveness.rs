@@ -8,8 +8,10 @@
 //! lives in, with no pid to translate and none that can be reused. The byte's offset is the
 //! token. A child forked without `exec` shares the open file (and its mappings), so the
 //! token stays held while it runs; `exec` closes the descriptor (it is close-on-exec) along
-//! with the mappings. This module owns those two calls; it never chooses tokens or decides
-//! what a dead holder's resources are.
+//! with the mappings. A token's holder locks exactly its byte, shared; a lock over other
+//! bytes too, or an exclusive one, is someone else's doing, and the answer then says so
+//! ([`TokenLock::Covered`]) rather than pass it off as the holder's. This module owns those
+//! calls; it never chooses tokens or decides what a dead holder's resources are.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -51,11 +53,48 @@ pub fn hold_liveness_token(file: &File, token: u64) -> Result<(), Error> {
 }
 
 /// Whether some open file other than `file` holds byte `token` of the same file locked: the
-/// token's holder still runs.
+/// token's holder still runs (or someone covers its byte: see [`liveness_token_lock`]).
 ///
 /// # Errors
 /// [`Error::Io`] if `token` is out of range or the query fails.
 pub fn liveness_token_held(file: &File, token: u64) -> Result<bool, Error> {
+    Ok(liveness_token_lock(file, token)? != TokenLock::Free)
+}
+
+/// What locks byte `token` of `file`, as another open file than `file` holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenLock {
+    /// Nothing: nobody holds the token.
+    Free,
+    /// A shared lock of exactly that byte, as [`hold_liveness_token`] takes it: the token's
+    /// holder.
+    Held,
+    /// A lock that no token's holder takes (one that spans other bytes too, or an exclusive
+    /// one) covers the byte. Whoever can open the file is interfering, and whether the
+    /// token's holder is there as well cannot be told: the kernel names one conflicting
+    /// lock, the first it finds.
+    Covered,
+}
+
+/// What locks byte `token` of `file` (see [`TokenLock`]).
+///
+/// # Errors
+/// [`Error::Io`] if `token` is out of range or the query fails.
+///
+/// ```
+/// use netless_shm::TokenLock;
+///
+/// let path = std::env::temp_dir().join(format!("netless-doc-lock-{}", std::process::id()));
+/// std::fs::write(&path, b"").unwrap();
+/// let holder = std::fs::File::open(&path).unwrap();
+/// let other = std::fs::File::open(&path).unwrap();
+/// netless_shm::hold_liveness_token(&holder, 7)?;
+/// assert_eq!(netless_shm::liveness_token_lock(&other, 7)?, TokenLock::Held);
+/// assert_eq!(netless_shm::liveness_token_lock(&other, 8)?, TokenLock::Free);
+/// # std::fs::remove_file(path).ok();
+/// # Ok::<(), netless_shm::Error>(())
+/// ```
+pub fn liveness_token_lock(file: &File, token: u64) -> Result<TokenLock, Error> {
     let mut lock = byte_lock(token, libc::F_WRLCK)?;
     fcntl_lock(
         file,
@@ -63,7 +102,11 @@ pub fn liveness_token_held(file: &File, token: u64) -> Result<bool, Error> {
         &mut lock,
         "F_OFD_GETLK of a liveness token",
     )?;
-    Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
+    Ok(match lock.l_type as libc::c_int {
+        libc::F_UNLCK => TokenLock::Free,
+        libc::F_RDLCK if lock.l_start == token as libc::off_t && lock.l_len == 1 => TokenLock::Held,
+        _ => TokenLock::Covered,
+    })
 }
 
 /// A lock of type `kind` on byte `token`.
@@ -105,5 +148,51 @@ fn fcntl_lock(
         if source.kind() != std::io::ErrorKind::Interrupted {
             return Err(Error::Io { op, source });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Takes a shared lock of `len` bytes from `start` (0: to the end of the file, and
+    /// beyond) on `file`, as an interfering process would.
+    fn lock_range(file: &File, start: u64, len: u64) {
+        let mut lock = byte_lock(1, libc::F_RDLCK).unwrap();
+        lock.l_start = start as libc::off_t;
+        lock.l_len = len as libc::off_t;
+        fcntl_lock(file, libc::F_OFD_SETLK, &mut lock, "F_OFD_SETLK of a range").unwrap();
+    }
+
+    #[test]
+    fn a_lock_over_more_than_the_token_is_told_from_the_holders() {
+        let path = std::env::temp_dir().join(format!("netless-covered-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let open = || File::open(&path).unwrap();
+        let (holder, interferer, asker) = (open(), open(), open());
+        hold_liveness_token(&holder, 5).unwrap();
+        assert_eq!(liveness_token_lock(&asker, 5).unwrap(), TokenLock::Held);
+        // Every token from 1 on, as one lock. The holder's own lock is still found (the
+        // kernel reports the first conflicting lock, and the holder's came first), but no
+        // other token passes for held, and once the holder is gone, neither does its own.
+        lock_range(&interferer, 1, 0);
+        assert_eq!(liveness_token_lock(&asker, 5).unwrap(), TokenLock::Held);
+        for token in [6, MAX_LIVENESS_TOKEN] {
+            assert_eq!(
+                liveness_token_lock(&asker, token).unwrap(),
+                TokenLock::Covered,
+                "token {token}"
+            );
+        }
+        drop(holder);
+        assert_eq!(liveness_token_lock(&asker, 5).unwrap(), TokenLock::Covered);
+        // An exclusive lock of exactly one byte is no token's either.
+        drop(interferer);
+        assert_eq!(liveness_token_lock(&asker, 5).unwrap(), TokenLock::Free);
+        let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let mut lock = byte_lock(5, libc::F_WRLCK).unwrap();
+        fcntl_lock(&writer, libc::F_OFD_SETLK, &mut lock, "F_OFD_SETLK").unwrap();
+        assert_eq!(liveness_token_lock(&asker, 5).unwrap(), TokenLock::Covered);
+        std::fs::remove_file(&path).ok();
     }
 }
