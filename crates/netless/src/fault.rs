@@ -8,8 +8,8 @@ use crate::segment::layout::{block_state, conn_tag};
 use crate::segment::ReplicaSegment;
 use crate::sync::Ordering;
 use crate::wire::header::{
-    align8, compact_flags, kind, wire_flags, CompactHeader, ShortHeader, WireHeader,
-    COMPACT_HEADER_LEN, HEADER_LEN, SHORT_HEADER_LEN,
+    compact_flags, kind, wire_flags, CompactHeader, ShortHeader, WireHeader, HEADER_LEN,
+    SHORT_HEADER_LEN,
 };
 
 /// Ways a faulty client can corrupt a replica's shared memory.
@@ -37,9 +37,6 @@ pub enum ClientFault {
     /// A well-formed batch of two requests with full headers and no `BATCH_COMPACT`, a
     /// format retired in protocol 9.
     PlainBatch,
-    /// A well-formed compact batch of more requests (300) than any client sends in one
-    /// entry (256), each an empty `Echo`.
-    OverlongBatch,
     /// The published consumer head rewound to 0, so the queue looks as deep as every
     /// request ever sent (clients then refuse to call under an SLO), and nobody notified.
     StaleHead,
@@ -142,40 +139,6 @@ pub fn inject(client: &Client, fault: ClientFault) {
                 // The first header and body (80 bytes) and the second at 128 fit 256 bytes.
                 for (at, h) in [(0, &header), (128, &second)] {
                     dst.write(at, &[h.as_bytes(), b"Echo"]);
-                }
-            }
-            let _ = queue.try_enqueue(start);
-            netless_ring::notify(view.doorbell());
-            return;
-        }
-        ClientFault::OverlongBatch => {
-            const REQUESTS: usize = 300;
-            let first_len = align8(HEADER_LEN + 4);
-            let bytes = first_len + (REQUESTS - 1) * align8(COMPACT_HEADER_LEN);
-            let nblocks = bytes.div_ceil(block) as u32;
-            let start = shared
-                .claim_for_fault(nblocks)
-                .expect("a run for the batch");
-            header.nblocks = nblocks;
-            header.body_len = 4;
-            header.frag_len = 4;
-            header.reserved[0] = wire_flags::BATCH_MORE | wire_flags::BATCH_COMPACT;
-            if let Some(dst) = replica.run(start, nblocks) {
-                dst.write(0, &[header.as_bytes(), b"Echo"]);
-                for i in 1..REQUESTS {
-                    let more = if i + 1 < REQUESTS {
-                        compact_flags::MORE
-                    } else {
-                        0
-                    };
-                    let compact = CompactHeader {
-                        call_id: 0xdead_0000 + i as u32,
-                        body_len: 0,
-                        method_len: 0,
-                        flags: compact_flags::SAME_METHOD | more,
-                    };
-                    let at = first_len + (i - 1) * align8(COMPACT_HEADER_LEN);
-                    dst.write(at, &[compact.as_bytes()]);
                 }
             }
             let _ = queue.try_enqueue(start);

@@ -94,7 +94,6 @@ fn child_process_entry() {
                 "fault-bad-same-method" => ClientFault::BadSameMethod,
                 "fault-bad-short-header" => ClientFault::BadShortHeader,
                 "fault-plain-batch" => ClientFault::PlainBatch,
-                "fault-overlong-batch" => ClientFault::OverlongBatch,
                 _ => ClientFault::GarbageQueue,
             };
             let client = Client::connect_with(&service, client_config(&dir)).unwrap();
@@ -510,7 +509,6 @@ fn garbage_from_a_client_costs_only_its_connection() {
         "fault-bad-same-method",
         "fault-bad-short-header",
         "fault-plain-batch",
-        "fault-overlong-batch",
     ];
     for role in attributable.iter().chain(["fault-garbage-queue"].iter()) {
         let out = run_child(role, &dir, "test.Garbage");

@@ -15,7 +15,6 @@ use super::notify::NotifySection;
 use super::state::ServerState;
 use super::worker::WorkerContext;
 use crate::config::Provisioning;
-use crate::control::MAX_BATCH;
 use crate::segment::layout::block_state;
 use crate::segment::BlockRun;
 use crate::status::Code;
@@ -24,10 +23,6 @@ use crate::wire::header::{
     align8, compact_flags, kind, wire_flags, CompactHeader, WireHeader, COMPACT_HEADER_LEN,
 };
 use crate::wire::metadata::Metadata;
-
-/// Why a batch of more requests than any client sends (`MAX_BATCH`) closes its connection:
-/// one entry is one turn of a worker, and a turn is bounded.
-const TOO_LONG: &str = "a batch holds more requests than the largest batch (256)";
 
 /// The run of `nblocks` blocks at `block` of `group`'s buffer and their block-table words,
 /// if the run lies in the buffer (and in `conn`'s partition) and every block of it is leased
@@ -229,9 +224,6 @@ impl<'s> WorkerContext<'s> {
             if !more {
                 break;
             }
-            if count >= MAX_BATCH {
-                return Err(TOO_LONG);
-            }
             let mut next = next_compact(run, body_at + body.len(), max_message)?;
             // The method just served, called again: the lean path, unless these requests
             // are refused unrun or go to the runtime's own methods.
@@ -270,9 +262,7 @@ impl<'s> WorkerContext<'s> {
     ) -> Result<Option<Compact<'s>>, &'static str> {
         let (mut c, mut body, mut end) = next;
         let max_message = self.server.config.max_message;
-        // Counted in a local: `count` behind a reference would be stored every request.
-        let mut served = *count;
-        let outcome = self.with_builder(conn, |request, builder, cx| loop {
+        self.with_builder(conn, |request, builder, cx| loop {
             let call_id = u64::from(c.call_id);
             builder.reset(call_id);
             request.payload = body;
@@ -281,21 +271,16 @@ impl<'s> WorkerContext<'s> {
             if let Err(why) = sent {
                 break Err(why);
             }
-            served += 1;
+            *count += 1;
             if c.flags & compact_flags::MORE == 0 {
                 break Ok(None);
-            }
-            if served >= MAX_BATCH {
-                break Err(TOO_LONG);
             }
             match next_compact(run, end, max_message) {
                 Ok(n) if n.0.flags & compact_flags::SAME_METHOD != 0 => (c, body, end) = n,
                 Ok(other) => break Ok(Some(other)),
                 Err(why) => break Err(why),
             }
-        });
-        *count = served;
-        outcome
+        })
     }
 }
 
