@@ -263,18 +263,27 @@ impl<'a> ReceiveQueue<'a> {
 
     /// Consumer (server) side: puts back a tail no honest producer leaves: more than a lap
     /// ahead of `head` (producers would find every cell "stale" and give up, the consumer
-    /// would never believe it, and the queue would stay jammed for good) or more than a lap
-    /// behind it. The repaired tail is just past the run of filled cells from `head`, where
-    /// the next producer fills; a tail within a lap of `head` is left alone (a producer
-    /// that filled a cell and has not bumped the tail yet leaves it one or a few behind).
-    /// Returns the tail it wrote, if it repaired one. Costs one load when the tail is sane,
-    /// and up to a lap of cell loads when it is not.
+    /// would never believe it, and the queue would stay jammed for good), more than a lap
+    /// behind it, or behind it at a cell producers can neither fill nor pass (one a faulty
+    /// client scribbled on after the consumer skipped it: the head never comes back to it,
+    /// so nobody would ever free it). The repaired tail is just past the run of filled
+    /// cells from `head`, where the next producer fills; any other tail within a lap of
+    /// `head` is left alone (a producer that filled a cell and has not bumped the tail yet
+    /// leaves it one behind, at a cell the others bump past). Returns the tail it wrote, if
+    /// it repaired one. Costs one load when the tail is sane (two when it is behind), and
+    /// up to a lap of cell loads when it is not.
     pub fn repair_tail(&self, head: &ConsumerHead) -> Option<u64> {
         let h = head.0.load(Acquire);
         let seen = self.tail.load(Acquire);
         let ahead = seen.wrapping_sub(h) as i64;
         let lap = (self.mask + 1) as i64;
-        if (-lap..=lap).contains(&ahead) {
+        // Producers at `seen` fill a cell at turn offset 0 and bump past one at 1 to 3;
+        // they give up on any other (as Full or Contended).
+        let passable = || {
+            let word = self.cell(seen).load(Acquire);
+            turn_of(word).wrapping_sub(turn_empty(seen >> self.lap_shift)) <= 3
+        };
+        if (0..=lap).contains(&ahead) || (-lap..0).contains(&ahead) && passable() {
             return None;
         }
         let mut t = h;

@@ -244,6 +244,43 @@ fn a_tail_thrown_a_lap_away_is_put_back() {
 }
 
 #[test]
+fn a_tail_left_behind_the_head_at_a_scribbled_cell_is_put_back() {
+    // Found by the receive_queue fuzz target. The turn of a cell scribbled on: "still holds
+    // the previous lap's item" (producers answer Full), or nothing a producer can place
+    // (they answer Contended).
+    for garbage in [u64::from(u32::MAX) << 32, 0x3535_3535_3030_303d] {
+        let (tail, cells) = parts(2);
+        let queue = ReceiveQueue::from_parts(&tail, &cells).unwrap();
+        let head = ConsumerHead::new();
+        // A faulty client scribbles on the cell at the tail; the consumer skips it, so the
+        // head passes the tail (producers would bump past the cell it freed)...
+        cells[0].store(garbage, Ordering::Relaxed);
+        assert_eq!(queue.try_dequeue(&head), Dequeue::Skipped);
+        assert_eq!((tail.load(Ordering::Relaxed), head.position()), (0, 1));
+        // ...then scribbles on it again: producers at the tail can neither fill nor pass
+        // it, and the head never comes back to it.
+        cells[0].store(garbage, Ordering::Relaxed);
+        assert!(queue.try_enqueue(1).is_err(), "{garbage:#x}");
+        // The consumer's hole check puts the tail back at the head.
+        assert_eq!(queue.try_dequeue(&head), Dequeue::Empty);
+        assert_eq!(tail.load(Ordering::Relaxed), 1, "{garbage:#x}");
+        queue.try_enqueue(1).unwrap();
+        assert_eq!(queue.try_dequeue(&head), Dequeue::Item(1));
+    }
+    // One behind at a cell the consumer took (a producer that has not bumped the tail
+    // yet): the producers' business, not a repair's.
+    let (tail, cells) = parts(2);
+    let queue = ReceiveQueue::from_parts(&tail, &cells).unwrap();
+    let head = ConsumerHead::new();
+    queue.try_enqueue(7).unwrap();
+    tail.store(0, Ordering::Relaxed);
+    assert_eq!(queue.try_dequeue(&head), Dequeue::Item(7));
+    assert_eq!(queue.repair_tail(&head), None);
+    queue.try_enqueue(8).unwrap();
+    assert_eq!(queue.try_dequeue(&head), Dequeue::Item(8));
+}
+
+#[test]
 fn a_crashed_producer_never_leaves_a_hole() {
     // A producer that filled its cell and died before bumping the tail: the next producer
     // helps, the consumer sees the item.

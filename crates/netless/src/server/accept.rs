@@ -138,8 +138,9 @@ impl Acceptor {
         }
     }
 
-    /// Puts back a queue tail a faulty client threw outside a lap of the head (no producer
-    /// could enqueue, and the head would never pass a dead connection's last entry).
+    /// Puts back a queue tail a faulty client jammed, thrown outside a lap of the head or
+    /// left behind it at a cell scribbled on (no producer could enqueue, and the head would
+    /// never pass a dead connection's last entry).
     fn repair_tails(&self) {
         let server = &self.server;
         for group in server.groups.iter() {
@@ -148,8 +149,7 @@ impl Acceptor {
                     server.dropped.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "netless: service `{}`: receive queue {q} of uid {}'s clients had its \
-                         tail thrown outside a lap of its head (a faulty client); put back \
-                         at {tail}",
+                         tail jammed by a faulty client; put back at {tail}",
                         server.service,
                         group.uid
                     );
