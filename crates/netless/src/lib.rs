@@ -41,6 +41,9 @@ mod decode_props;
 #[cfg(feature = "fault-injection")]
 #[doc(hidden)]
 pub mod fault;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod pipeline;
 mod segment;
 mod server;

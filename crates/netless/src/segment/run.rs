@@ -47,11 +47,11 @@ impl<'a> BlockRun<'a> {
         }
     }
 
-    /// A run over private bytes, for tests of what reads runs.
+    /// A run over private bytes, for tests (and fuzz targets) of what reads runs.
     ///
     /// # Panics
     /// If `buf` is shorter than a header.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn over(buf: &'a mut [u8]) -> BlockRun<'a> {
         assert!(buf.len() >= HEADER_LEN, "a run holds at least a header");
         // SAFETY: the buffer outlives 'a (borrowed for it) and holds a header, as asserted.

@@ -50,7 +50,7 @@ mod handshake;
 mod lone;
 mod notify;
 mod reply;
-mod serve;
+pub(crate) mod serve;
 mod state;
 mod worker;
 

@@ -73,12 +73,12 @@ pub(super) fn free_blocks(words: &[AtomicU32], tag: u32) {
 }
 
 /// A compact request of a batch: its header, its body, and where the body ends in the run.
-type Compact<'s> = (CompactHeader, &'s [u8], usize);
+pub(crate) type Compact<'s> = (CompactHeader, &'s [u8], usize);
 
 /// The compact request after a body that ends at `end` in a batch's run: its header, checked
 /// as `validate_shape` would check its expansion, its body, and where that ends.
 #[inline(always)]
-fn next_compact<'s>(
+pub(crate) fn next_compact<'s>(
     run: BlockRun<'s>,
     end: usize,
     max_message: usize,
