@@ -34,6 +34,9 @@ mod buf;
 mod coordinator;
 mod domain;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod layout;
 mod members;
 mod pages;

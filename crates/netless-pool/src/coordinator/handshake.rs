@@ -32,16 +32,16 @@ pub(super) const JOIN_LEN: usize = 44;
 const MAX_REPLY: usize = 4096;
 
 /// What a joining process asks for.
-pub(super) struct Request {
+pub(crate) struct Request {
     /// The domain, member row and generation it had, to be watched again after its
     /// coordinator went away; `None` for a new member row.
-    pub(super) rejoin: Option<(u64, usize, u32)>,
+    pub(crate) rejoin: Option<(u64, usize, u32)>,
     /// Who asks, as it sees itself, and the token it holds.
-    pub(super) who: Identity,
+    pub(crate) who: Identity,
 }
 
 impl Request {
-    pub(super) fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut req = JOIN_MAGIC.to_vec();
         req.extend_from_slice(&PROTOCOL.to_le_bytes());
         let (domain, member, generation) = self.rejoin.unwrap_or((0, u32::MAX as usize, 0));
@@ -55,7 +55,7 @@ impl Request {
     }
 
     /// The request in `bytes`, or why it is refused.
-    pub(super) fn decode(bytes: &[u8]) -> Result<Request, String> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Request, String> {
         if bytes.len() != JOIN_LEN || &bytes[..4] != JOIN_MAGIC {
             return Err("malformed join request".into());
         }
@@ -79,14 +79,14 @@ impl Request {
 }
 
 /// The coordinator's first frame to a process the ACL admits.
-pub(super) fn offer() -> Vec<u8> {
+pub(crate) fn offer() -> Vec<u8> {
     let mut frame = OFFER_MAGIC.to_vec();
     frame.extend_from_slice(&PROTOCOL.to_le_bytes());
     frame
 }
 
 /// A welcome to member row `member` of generation `generation`.
-pub(super) fn welcome(domain: u64, member: usize, generation: u32) -> Vec<u8> {
+pub(crate) fn welcome(domain: u64, member: usize, generation: u32) -> Vec<u8> {
     let mut frame = WELCOME_MAGIC.to_vec();
     frame.push(0);
     frame.extend_from_slice(&domain.to_le_bytes());
@@ -96,7 +96,7 @@ pub(super) fn welcome(domain: u64, member: usize, generation: u32) -> Vec<u8> {
 }
 
 /// A refusal, saying why.
-pub(super) fn refusal(why: &str) -> Vec<u8> {
+pub(crate) fn refusal(why: &str) -> Vec<u8> {
     let mut frame = WELCOME_MAGIC.to_vec();
     frame.push(1);
     frame.extend_from_slice(why.as_bytes());
@@ -218,7 +218,7 @@ pub(super) fn try_connect(
 }
 
 /// Checks the coordinator's first frame: an offer in our protocol, or a refusal.
-fn check_offer(config: &DomainConfig, frame: &[u8]) -> Result<(), PoolError> {
+pub(crate) fn check_offer(config: &DomainConfig, frame: &[u8]) -> Result<(), PoolError> {
     if frame.len() >= 5 && frame[..4] == *WELCOME_MAGIC && frame[4] != 0 {
         return Err(join_err(
             config,
@@ -242,7 +242,10 @@ fn check_offer(config: &DomainConfig, frame: &[u8]) -> Result<(), PoolError> {
 }
 
 /// The member row and generation a welcome gives, or the refusal's reason as an error.
-fn check_welcome(config: &DomainConfig, payload: &[u8]) -> Result<(usize, u32), PoolError> {
+pub(crate) fn check_welcome(
+    config: &DomainConfig,
+    payload: &[u8],
+) -> Result<(usize, u32), PoolError> {
     if payload.len() < 5 || &payload[..4] != WELCOME_MAGIC {
         return Err(join_err(
             config,

@@ -39,7 +39,7 @@ use crate::{Domain, DomainConfig, PoolError};
 
 mod admit;
 mod files;
-mod handshake;
+pub(crate) mod handshake;
 
 use admit::{Admission, Conn, Joins, Watched};
 use files::{paths, try_flock, Paths};
