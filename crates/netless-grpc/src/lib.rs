@@ -21,6 +21,9 @@
 #![warn(missing_docs)]
 
 mod channel;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod gateway;
 mod mapping;
 mod protocol;

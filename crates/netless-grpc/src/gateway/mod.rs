@@ -475,7 +475,7 @@ impl Gateway {
 }
 
 /// `pkg.Service` of `/pkg.Service/Method`.
-fn service_of(path: &str) -> Option<&str> {
+pub(crate) fn service_of(path: &str) -> Option<&str> {
     let (service, method) = path.strip_prefix('/')?.split_once('/')?;
     (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some(service)
 }
