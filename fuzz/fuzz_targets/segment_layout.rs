@@ -1,4 +1,4 @@
-//! A replica or connection segment a peer created, attached and used: see
+//! A replica, control or connection segment a peer created, attached and used: see
 //! `netless::fuzzing::segment_layout`.
 #![no_main]
 

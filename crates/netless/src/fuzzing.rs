@@ -13,13 +13,14 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, OnceLock};
 
 use netless_ring::ConsumerHead;
-use netless_shm::Segment;
+use netless_shm::{Published, Segment};
 
 use crate::config::DEFAULT_MAX_CLIENT_RING;
-use crate::segment::layout::{provisioning, ConnHeader, ReplicaHeader};
+use crate::segment::layout::{provisioning, ConnHeader, ReplicaHeader, ServerControl};
 use crate::segment::{BlockRun, ConnSegment, ControlSegment, ReplicaSegment, ReplicaSpec};
 use crate::server::serve::next_compact;
 use crate::status::{Code, ReplyCode};
+use crate::sync::Ordering;
 use crate::wire::handshake::{Frame, HELLO_LEN, PROTOCOL_VERSION};
 use crate::wire::header::{
     align64, align8, compact_flags, kind, wire_flags, CompactHeader, CompactReply, ResponseHeader,
@@ -338,60 +339,96 @@ pub fn handshake_frame(data: &[u8]) {
 /// Largest segment `segment_layout` makes (attach maps whatever the header says fits).
 const MAX_FUZZ_SEGMENT: usize = 4 << 20;
 
-/// Target `segment_layout`: `form: u8` (bit 0: a connection segment, else a replica segment;
-/// bit 1: sized by its header's `total_len`), `len: u32`, `index: u32, count: u32`, the
-/// header (128 or 32 bytes), then patches `(offset: u32, n: u8, n bytes)`. The segment is
-/// made of those and attached as the peer's side attaches it (`ReplicaSegment::attach`,
-/// `ConnSegment::attach`); whatever attaches is then used: a run of blocks, the queues, the
-/// response ring, all inside the mapping.
+/// The segments `segment_layout` makes, by its `form` byte.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SegmentKind {
+    /// A client's connection segment, attached by the server.
+    Conn,
+    /// A trust group's replica segment, attached by a client.
+    Replica,
+    /// The server's control segment (sealed: clients map it read-only), attached by a client.
+    Control,
+}
+
+/// Target `segment_layout`: `form: u8` (bit 0: a connection segment; else bit 2: a control
+/// segment; else a replica segment; bit 1: sized by its header's `total_len`), `len: u32`,
+/// `index: u32, count: u32`, the header (32, 64 or 128 bytes), then patches `(offset: u32,
+/// n: u8, n bytes)`. The segment is made of those and attached as the peer's side attaches it
+/// (`ConnSegment::attach`, `ControlSegment::attach`, `ReplicaSegment::attach`); whatever
+/// attaches is then used: a run of blocks, the queues, the response ring, the registers and
+/// worker stats, all inside the mapping.
 pub fn segment_layout(data: &[u8]) {
     let mut input = Input(data);
     let form = input.u8();
     let len = input.u32() as usize;
     let (index, count) = (input.u32(), input.u32());
-    let conn = form & 1 != 0;
-    let header: Vec<u8> = if conn {
-        input.array::<32>().to_vec()
-    } else {
-        input.array::<128>().to_vec()
+    let kind = match form {
+        f if f & 1 != 0 => SegmentKind::Conn,
+        f if f & 4 != 0 => SegmentKind::Control,
+        _ => SegmentKind::Replica,
     };
-    let total_len = u64::from_le_bytes(
-        header[if conn { 24..32 } else { 56..64 }]
-            .try_into()
-            .unwrap(),
-    );
+    let (header, total_at): (Vec<u8>, usize) = match kind {
+        SegmentKind::Conn => (input.array::<32>().into(), 24),
+        SegmentKind::Control => (input.array::<64>().into(), 32),
+        SegmentKind::Replica => (input.array::<128>().into(), 56),
+    };
+    let total_len = u64::from_le_bytes(header[total_at..total_at + 8].try_into().unwrap());
     let len = match usize::try_from(total_len) {
         Ok(n) if form & 2 != 0 && (1..=MAX_FUZZ_SEGMENT).contains(&n) => n,
         _ => len % MAX_FUZZ_SEGMENT + 1,
     };
-    let Ok(segment) = Segment::create("netless-fuzz", len) else {
-        return;
-    };
-    let mut bytes = input.rest();
+    let patches = input.rest();
+    if kind == SegmentKind::Control {
+        // Sealed against writable mappings, as the server makes it, or a client refuses it.
+        let Ok(published) = Published::create("netless-fuzz", len) else {
+            return;
+        };
+        // SAFETY: the mapping is `len` bytes, and nobody else maps it yet.
+        unsafe { fill(published.as_ptr(), len, &header, patches) };
+        use_control_segment(published.fd().try_clone_to_owned().expect("dup of a memfd"));
+    } else {
+        let Ok(segment) = Segment::create("netless-fuzz", len) else {
+            return;
+        };
+        // SAFETY: as above.
+        unsafe { fill(segment.as_ptr(), len, &header, patches) };
+        let fd = segment.fd().try_clone_to_owned().expect("dup of a memfd");
+        match kind {
+            SegmentKind::Conn => use_conn_segment(fd),
+            _ => use_replica_segment(fd, index, count),
+        }
+    }
+}
+
+/// Writes `header` at the start of the `len` bytes at `base`, then each patch `(offset: u32,
+/// n: u8, n bytes)` of `patches`, all cut at `len`.
+///
+/// # Safety
+/// `base..base + len` must be a mapping nobody else reads or writes meanwhile.
+unsafe fn fill(base: *mut u8, len: usize, header: &[u8], mut patches: &[u8]) {
     let write = |at: usize, part: &[u8]| {
         let n = part.len().min(len.saturating_sub(at));
-        // SAFETY: at + n <= len, inside the mapping, which nobody else maps yet.
-        unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), segment.as_ptr().add(at), n) };
+        // SAFETY: at + n <= len, inside the mapping (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), base.add(at), n) };
     };
-    write(0, &header);
-    while bytes.len() >= 5 {
-        let at = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
-        let n = usize::from(bytes[4]).min(bytes.len() - 5);
-        write(at, &bytes[5..5 + n]);
-        bytes = &bytes[5 + n..];
-    }
-    let fd: OwnedFd = segment.fd().try_clone_to_owned().expect("dup of a memfd");
-    if conn {
-        use_conn_segment(fd);
-    } else {
-        use_replica_segment(fd, index, count);
+    write(0, header);
+    while patches.len() >= 5 {
+        let at = u32::from_le_bytes(patches[..4].try_into().unwrap()) as usize;
+        let n = usize::from(patches[4]).min(patches.len() - 5);
+        write(at, &patches[5..5 + n]);
+        patches = &patches[5 + n..];
     }
 }
 
 /// Whether `ptr..ptr + len` lies inside `segment`'s mapping.
 fn inside(segment: &Segment, ptr: *const u8, len: usize) -> bool {
-    let (base, at) = (segment.as_ptr() as usize, ptr as usize);
-    at >= base && at - base <= segment.len() && segment.len() - (at - base) >= len
+    inside_mapping((segment.as_ptr(), segment.len()), ptr, len)
+}
+
+/// Whether `ptr..ptr + len` lies inside the mapping `(base, its length)`.
+fn inside_mapping((base, mapped): (*const u8, usize), ptr: *const u8, len: usize) -> bool {
+    let (base, at) = (base as usize, ptr as usize);
+    at >= base && at - base <= mapped && mapped - (at - base) >= len
 }
 
 /// The server's control segment, which a client attaches beside its group's replica segment.
@@ -402,6 +439,32 @@ fn server_control() -> Arc<ControlSegment> {
             Arc::new(ControlSegment::create("netless-fuzz", 2).expect("a control segment"))
         })
         .clone()
+}
+
+fn use_control_segment(fd: OwnedFd) {
+    let Ok(control) = ControlSegment::attach(fd) else {
+        return;
+    };
+    let mapping = control.mapping();
+    let registers: *const ServerControl = control.server_control();
+    assert!(
+        inside_mapping(
+            mapping,
+            registers.cast(),
+            std::mem::size_of::<ServerControl>()
+        ),
+        "the registers"
+    );
+    let stats = control.stats();
+    assert!(!stats.is_empty(), "a control segment without workers");
+    assert!(
+        inside_mapping(mapping, stats.as_ptr().cast(), std::mem::size_of_val(stats)),
+        "the workers' stats"
+    );
+    // What `netless stat` and a client read of them: any values are fine.
+    let _ = control.server_control().depth_limit.load(Ordering::Relaxed);
+    let last = stats.last().expect("not empty");
+    let _ = last.calls.load(Ordering::Relaxed);
 }
 
 fn use_replica_segment(fd: OwnedFd, index: u32, count: u32) {
@@ -712,24 +775,37 @@ fn segment_seeds() -> Vec<Vec<u8>> {
         let replica =
             ReplicaSegment::create("fuzz-seed", spec, server_control()).expect("a replica segment");
         let header = [2u8, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0];
-        out.push([&header[..], &patches(replica.segment(), 128)].concat());
+        out.push([&header[..], &patches(segment_bytes(replica.segment()), 128)].concat());
     }
+    let control = ControlSegment::create("fuzz-seed", 3).expect("a control segment");
+    let header = [6u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let (base, len) = control.mapping();
+    // SAFETY: the server's mapping, `len` bytes long, read as bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(base, len) };
+    out.push([&header[..], &patches(bytes, 64)].concat());
     let (conn, _consumer) = ConnSegment::create(4096).expect("a connection segment");
     let header = [3u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     out.push(
         [
             &header[..],
-            &patches(conn.segment(), std::mem::size_of::<ConnHeader>()),
+            &patches(
+                segment_bytes(conn.segment()),
+                std::mem::size_of::<ConnHeader>(),
+            ),
         ]
         .concat(),
     );
     out
 }
 
-/// The first `header` bytes of `segment`, then its non-zero bytes after them as patches.
-fn patches(segment: &Segment, header: usize) -> Vec<u8> {
+/// The bytes of a segment of ours.
+fn segment_bytes(segment: &Segment) -> &[u8] {
     // SAFETY: the segment is ours alone, `len` bytes long; it is read as bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(segment.as_ptr(), segment.len()) };
+    unsafe { std::slice::from_raw_parts(segment.as_ptr(), segment.len()) }
+}
+
+/// The first `header` bytes of `bytes`, then its non-zero bytes after them as patches.
+fn patches(bytes: &[u8], header: usize) -> Vec<u8> {
     let mut out = bytes[..header].to_vec();
     let mut at = header;
     while at < bytes.len() {

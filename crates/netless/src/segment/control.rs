@@ -160,6 +160,16 @@ impl ControlSegment {
         self.stats
     }
 
+    /// This side's mapping: its first byte and its length (for the fuzz targets' bounds
+    /// checks).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn mapping(&self) -> (*const u8, usize) {
+        match &self.backing {
+            Backing::Server(p) => (p.as_ptr().cast_const(), p.len()),
+            Backing::Client(v) => (v.as_ptr(), v.len()),
+        }
+    }
+
     /// The memfd to hand a client (server side only).
     pub(crate) fn fd(&self) -> Option<BorrowedFd<'_>> {
         match &self.backing {
