@@ -30,7 +30,8 @@ fn main() {
     }
 }
 
-/// Paths, timeouts, metadata and stream payloads as gRPC clients and netless send them.
+/// Paths, timeouts, metadata, stream payloads, tokens and error messages as gRPC clients,
+/// backends and netless send them.
 fn grpc_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut md = netless::Metadata::new();
     md.insert("x-request-id", "42");
@@ -49,6 +50,23 @@ fn grpc_seeds() -> Vec<(&'static str, Vec<u8>)> {
         [&[1u8][..], b"99999999S"].concat(),
         metadata,
         stream,
+        [&[0u8][..], b"/netless.ctl/Set"].concat(),
+        [&[4u8][..], b"Bearer s3cret-token"].concat(),
+        [
+            &[5u8, 14][..],
+            b"not found in /nonexistent/netless-fuzz: is its server running?",
+        ]
+        .concat(),
+        [
+            &[5u8, 14][..],
+            b"at %2Fnonexistent%2Fnetless-fuzz/a.B.sock: gone",
+        ]
+        .concat(),
+        [
+            &[5u8, 7][..],
+            b"uid 1000 (pid: 42) may not connect to /run/user/7/x.sock; uids [0, 7] may",
+        ]
+        .concat(),
     ]
     .into_iter()
     .map(|seed| ("grpc_mapping", seed))

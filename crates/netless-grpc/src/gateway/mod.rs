@@ -44,11 +44,11 @@ use backends::{Backends, LinkSpec};
 use public::Scrubber;
 
 mod admission;
-mod allow;
-mod auth;
+pub(crate) mod allow;
+pub(crate) mod auth;
 mod backends;
 mod coalesce;
-mod public;
+pub(crate) mod public;
 mod serve;
 mod tls;
 
