@@ -443,8 +443,13 @@ fn random_bytes_from_one_uid_cost_another_uid_nothing() {
         eprintln!("same-uid caller: {line}");
     }
     eprintln!(
-        "hostile: {flipped}; restore: {restored} ({:?} after its exit)",
-        after_exit.elapsed()
+        "hostile: {}; restore: {} ({:?} after its exit); the other uid: {} calls served, {} \
+         failed",
+        flipped.trim(),
+        restored.trim(),
+        after_exit.elapsed(),
+        ok.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed)
     );
     assert!(field(&flipped, "flips") > 10_000, "{flipped}");
     assert_eq!(
