@@ -25,7 +25,9 @@ impl CallOptions {
         CallOptions::default()
     }
 
-    /// Fail with `DEADLINE_EXCEEDED` if no reply arrived within `timeout` from now.
+    /// Fail with `DEADLINE_EXCEEDED` if no reply arrived within `timeout` from now. The
+    /// deadline is fixed here, when the options are made: make them per call, as options
+    /// kept for retries run out with the first call's time.
     pub fn timeout(mut self, timeout: Duration) -> CallOptions {
         self.deadline = Instant::now().checked_add(timeout);
         self
