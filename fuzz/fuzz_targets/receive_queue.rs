@@ -40,7 +40,8 @@ fn operations(mut input: Input<'_>) {
     // SAFETY: the region outlives both views (declared first), holds `len` bytes, and is
     // otherwise reached only through its raw pointer, by atomic stores.
     let server = unsafe { ReceiveQueue::init(region.ptr(), len, capacity) }.expect("a queue");
-    // SAFETY: as above: the client's view of the same region.
+    // SAFETY: the client's view of the same region, which outlives it (declared first) and
+    // holds `len` bytes; both views touch it only by atomics.
     let client = unsafe { ReceiveQueue::attach(region.ptr(), len) }.expect("an initialised queue");
     assert_eq!(client.capacity(), capacity);
     let head = ConsumerHead::new();

@@ -262,7 +262,8 @@ pub struct PublishedView {
 // SAFETY: as for `Segment`: a read-only shared mapping, valid on any thread; it hands out
 // only a raw pointer.
 unsafe impl Send for PublishedView {}
-// SAFETY: as above.
+// SAFETY: `&PublishedView` gives only the length, a raw pointer to memory this process
+// cannot write, and a borrowed fd: nothing a second thread could race on.
 unsafe impl Sync for PublishedView {}
 
 impl PublishedView {
@@ -354,7 +355,8 @@ mod tests {
         let view = PublishedView::attach(fd(), 1 << 20).unwrap();
         // SAFETY: the mapping is 4096 bytes; this thread alone writes it.
         unsafe { published.as_ptr().add(100).write(9) };
-        // SAFETY: as above.
+        // SAFETY: the view maps the same 4096 bytes; offset 100 is inside, and nothing
+        // writes it while it is read.
         assert_eq!(unsafe { view.as_ptr().add(100).read() }, 9);
         // A plain segment is not sealed against writes: refused as a published one.
         let plain = Segment::create("plain", 4096).unwrap();

@@ -44,7 +44,8 @@ fn socket_dir_resolution_and_permissions() {
     // 1. NETLESS_DIR wins and is created 0700, parents included.
     let root = scratch("root");
     let dir = root.join("a/b/netless");
-    // SAFETY: see above.
+    // SAFETY: the only test in this binary that touches the environment; no other test here
+    // reads it (they name their directories), so no thread reads it while it is set.
     unsafe { std::env::set_var("NETLESS_DIR", &dir) };
     assert_eq!(socket_dir().unwrap(), dir);
     assert!(dir.is_dir());
@@ -66,14 +67,16 @@ fn socket_dir_resolution_and_permissions() {
     // 3. A file in the way is refused.
     let file = root.join("file");
     std::fs::write(&file, b"x").unwrap();
-    // SAFETY: see above.
+    // SAFETY: the only test in this binary that touches the environment; no other test here
+    // reads it (they name their directories), so no thread reads it while it is set.
     unsafe { std::env::set_var("NETLESS_DIR", &file) };
     assert!(matches!(socket_dir(), Err(Error::SocketDir { .. })));
 
     // 4. A symbolic link to a good directory is refused, through the environment too.
     let link = root.join("link");
     std::os::unix::fs::symlink(&dir, &link).unwrap();
-    // SAFETY: see above.
+    // SAFETY: the only test in this binary that touches the environment; no other test here
+    // reads it (they name their directories), so no thread reads it while it is set.
     unsafe { std::env::set_var("NETLESS_DIR", &link) };
     let err = socket_dir().unwrap_err();
     assert!(err.to_string().contains("symbolic link"), "{err}");
@@ -81,7 +84,8 @@ fn socket_dir_resolution_and_permissions() {
     // 5. Without NETLESS_DIR, XDG_RUNTIME_DIR/netless is used if XDG_RUNTIME_DIR exists.
     let runtime = root.join("runtime");
     std::fs::create_dir_all(&runtime).unwrap();
-    // SAFETY: see above.
+    // SAFETY: the only test in this binary that touches the environment; no other test here
+    // reads it (they name their directories), so no thread reads it while it is set.
     unsafe {
         std::env::remove_var("NETLESS_DIR");
         std::env::set_var("XDG_RUNTIME_DIR", &runtime);
@@ -90,7 +94,8 @@ fn socket_dir_resolution_and_permissions() {
     assert_eq!(mode(&runtime.join("netless")), 0o700);
 
     // 6. A missing XDG_RUNTIME_DIR falls back to /tmp/netless-<euid>.
-    // SAFETY: see above.
+    // SAFETY: the only test in this binary that touches the environment; no other test here
+    // reads it (they name their directories), so no thread reads it while it is set.
     unsafe { std::env::set_var("XDG_RUNTIME_DIR", root.join("missing")) };
     let uid = rustix::process::geteuid().as_raw();
     assert_eq!(

@@ -390,7 +390,7 @@ pub fn segment_layout(data: &[u8]) {
         let Ok(segment) = Segment::create("netless-fuzz", len) else {
             return;
         };
-        // SAFETY: as above.
+        // SAFETY: the mapping is `len` bytes, and nobody else maps it yet (just created).
         unsafe { fill(segment.as_ptr(), len, &header, patches) };
         let fd = segment.fd().try_clone_to_owned().expect("dup of a memfd");
         match kind {

@@ -90,7 +90,8 @@ fn ring_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let region = Region::new(len);
     // SAFETY: the region outlives both ends and is reached only through them.
     let consumer = unsafe { ResponseRing::init(region.ptr(), len, nslots) }.expect("a ring");
-    // SAFETY: as above; the ring's one producer.
+    // SAFETY: the same region, alive and `len` bytes long past both ends; this is the
+    // ring's one producer, the consumer above its one consumer.
     let mut producer = unsafe { ResponseRing::attach(region.ptr(), len) }.expect("a ring");
     producer.try_push(&[b"a record"]).expect("room");
     drop(consumer);
