@@ -22,6 +22,8 @@
 //! and misbehave) or a `trickler` (a coordinator that turns into a fake one). Children
 //! prefix their lines with `@@`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -32,7 +34,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use netless_pool::{Domain, DomainConfig, PoolError, PoolGeometry, Ref, SharedBuf, PAGE_SIZE};
+use common::{eventually, hex, pattern, ref_from_hex, say, PATIENCE};
+use netless_pool::{Domain, DomainConfig, PoolError, PoolGeometry, SharedBuf, PAGE_SIZE};
 use rustix::fs::FlockOperation;
 
 const ROLE: &str = "NLP_HOSTILE_ROLE";
@@ -52,7 +55,6 @@ const GEOMETRY: PoolGeometry = PoolGeometry {
     ref_slots: 64,
 };
 /// How long anything that should be prompt may take on a loaded two-core machine.
-const PATIENCE: Duration = Duration::from_secs(30);
 /// A member of the domain running as another user.
 const MEMBER_UID: u32 = 65534;
 /// A user the domain's ACL does not admit.
@@ -99,46 +101,6 @@ impl Drop for TestDir {
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
-}
-
-/// `len` bytes determined by `seed`.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn ref_from_hex(s: &str) -> Ref {
-    let bytes: Vec<u8> = (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect();
-    Ref::from_bytes(&bytes).unwrap()
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "@@{line}").unwrap();
-    out.flush().unwrap();
-}
-
-/// Polls `cond` until it holds; panics with `what` after [`PATIENCE`].
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 // ----- The children. -----

@@ -8,14 +8,17 @@
 //! it the tests say so and pass. Peers are this test binary again, running only
 //! `child_process_entry` as a `worker` that executes line commands from stdin.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use netless_pool::{Domain, DomainConfig, PoolError, PoolGeometry, Ref, SharedBuf, PAGE_SIZE};
+use common::{eventually, hex, pattern, ref_from_hex, say, PATIENCE};
+use netless_pool::{Domain, DomainConfig, PoolError, PoolGeometry, SharedBuf, PAGE_SIZE};
 use netless_testing::{in_new_pid_namespace, pid_namespace};
 
 const ROLE: &str = "NLP_NS_ROLE";
@@ -26,9 +29,6 @@ const GEOMETRY: PoolGeometry = PoolGeometry {
     pages: 2048,
     ref_slots: 256,
 };
-/// How long anything that should be prompt may take on a loaded two-core machine.
-const PATIENCE: Duration = Duration::from_secs(30);
-
 fn config(dir: &Path) -> DomainConfig {
     let mut c = DomainConfig::new(DOMAIN);
     c.dir = Some(dir.to_path_buf());
@@ -55,37 +55,6 @@ impl Drop for TestDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// `len` bytes determined by `seed`.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn ref_from_hex(s: &str) -> Ref {
-    let bytes: Vec<u8> = (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect();
-    Ref::from_bytes(&bytes).unwrap()
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "@@{line}").unwrap();
-    out.flush().unwrap();
 }
 
 // ----- The child. -----
@@ -336,15 +305,6 @@ fn namespaced_worker(dir: &Path) -> Option<Peer> {
 
 fn hash_of(bytes: &[u8]) -> String {
     hex(&fnv(bytes).to_le_bytes())
-}
-
-/// Polls `cond` until it holds; panics with `what` after [`PATIENCE`].
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 const LEN: usize = 6 * PAGE_SIZE + 123;
