@@ -147,6 +147,15 @@ pub enum Error {
         /// Why it failed.
         reason: String,
     },
+
+    /// A fabric region is unusable or full, or something in it failed validation.
+    #[error("memory fabric {path:?}: {reason}")]
+    Fabric {
+        /// The fabric's file.
+        path: PathBuf,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
 }
 
 impl Error {

@@ -26,8 +26,11 @@ compile_error!("netless-shm supports Linux only (memfd, SCM_RIGHTS, SO_PEERCRED,
 
 mod affinity;
 mod clock;
+pub mod coherence;
 pub mod copy;
 mod error;
+#[cfg(not(loom))]
+pub mod fabric;
 mod fdpass;
 mod futex;
 mod liveness;

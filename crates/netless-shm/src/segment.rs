@@ -100,6 +100,30 @@ impl Segment {
         Self::map(fd, size)
     }
 
+    /// Maps `len` bytes of `file` at `offset` (page aligned) shared read-write: a segment
+    /// inside a fabric region. The caller has checked that the range is inside the file,
+    /// which a fabric's size never shrinks under.
+    ///
+    /// # Errors
+    /// [`Error::EmptySegment`] if `len` is 0; [`Error::Io`] if it cannot be mapped.
+    pub fn in_file(file: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Segment, Error> {
+        if len == 0 {
+            return Err(Error::EmptySegment);
+        }
+        let fd = file
+            .try_clone_to_owned()
+            .map_err(|source| Error::Io { op: "dup", source })?;
+        let map = MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map_raw(&fd)
+            .map_err(|source| Error::Io {
+                op: "mmap(MAP_SHARED, PROT_READ|PROT_WRITE) of a fabric segment",
+                source,
+            })?;
+        Ok(Segment { fd, map })
+    }
+
     fn map(fd: OwnedFd, len: usize) -> Result<Segment, Error> {
         let map = MmapOptions::new()
             .len(len)
@@ -230,6 +254,18 @@ impl Published {
         Ok(Published { segment })
     }
 
+    /// Maps `len` bytes of `file` at `offset` read-write as a published segment inside a
+    /// fabric region. Nothing seals it: any member of the fabric can map it writable, so it
+    /// is read-only to peers only by their own mappings ([`PublishedView::in_file`]).
+    ///
+    /// # Errors
+    /// As [`Segment::in_file`].
+    pub fn in_file(file: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Published, Error> {
+        Ok(Published {
+            segment: Segment::in_file(file, offset, len)?,
+        })
+    }
+
     /// Length in bytes (never 0).
     pub fn len(&self) -> usize {
         self.segment.len()
@@ -286,6 +322,29 @@ impl PublishedView {
             .map_raw_read_only(&fd)
             .map_err(|source| Error::Io {
                 op: "mmap(MAP_SHARED, PROT_READ) of a published segment",
+                source,
+            })?;
+        Ok(PublishedView { fd, map })
+    }
+
+    /// Maps `len` bytes of `file` at `offset` read-only: a peer's published segment inside
+    /// a fabric region.
+    ///
+    /// # Errors
+    /// As [`Segment::in_file`].
+    pub fn in_file(file: BorrowedFd<'_>, offset: u64, len: usize) -> Result<PublishedView, Error> {
+        if len == 0 {
+            return Err(Error::EmptySegment);
+        }
+        let fd = file
+            .try_clone_to_owned()
+            .map_err(|source| Error::Io { op: "dup", source })?;
+        let map = MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map_raw_read_only(&fd)
+            .map_err(|source| Error::Io {
+                op: "mmap(MAP_SHARED, PROT_READ) of a fabric segment",
                 source,
             })?;
         Ok(PublishedView { fd, map })

@@ -1,0 +1,135 @@
+//! The heap's unit table: one owner word per [`UNIT`](super::UNIT) of heap, 0 when free,
+//! else the owner word of the member holding it. Allocation takes a run of free units one
+//! compare-and-swap at a time and gives them all back if another member wins one; freeing
+//! swaps each back to 0 only if it still names the owner, so freeing twice, or a dead
+//! member's units by two reclaimers at once, is harmless.
+
+use super::layout::{Geometry, Words, UNIT};
+use super::members::MemberId;
+use crate::sync::Ordering;
+
+/// A run of heap units: where it starts in the region and how many bytes it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Extent {
+    /// Byte offset in the region (the start of a unit).
+    pub offset: u64,
+    /// Length in bytes (whole units).
+    pub len: u64,
+}
+
+impl Extent {
+    fn units(self) -> usize {
+        (self.len as usize) / UNIT
+    }
+}
+
+/// Takes `units` consecutive free units for `owner`, searching from `hint`.
+pub(crate) fn alloc(
+    words: &Words,
+    g: &Geometry,
+    owner: MemberId,
+    units: usize,
+    hint: usize,
+) -> Option<Extent> {
+    if units == 0 || units > g.heap_units {
+        return None;
+    }
+    let owner = owner.owner_word();
+    let word = |u: usize| words.word(g.unit_word(u));
+    let mut start = hint % g.heap_units;
+    let mut scanned = 0;
+    while scanned < g.heap_units {
+        if start + units > g.heap_units {
+            scanned += g.heap_units - start;
+            start = 0;
+            continue;
+        }
+        // A run looks free: take it unit by unit.
+        match (start..start + units).find(|&u| word(u).load(Ordering::Relaxed) != 0) {
+            Some(busy) => {
+                scanned += busy + 1 - start;
+                start = busy + 1;
+            }
+            None => {
+                let mut taken = 0;
+                while taken < units
+                    && word(start + taken)
+                        .compare_exchange(0, owner, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    taken += 1;
+                }
+                if taken == units {
+                    return Some(Extent {
+                        offset: g.unit_offset(start),
+                        len: (units * UNIT) as u64,
+                    });
+                }
+                for u in start..start + taken {
+                    let _ = word(u).compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                scanned += taken + 1;
+                start += taken + 1;
+            }
+        }
+    }
+    None
+}
+
+/// Gives back the units of `extent` that `owner` still holds.
+pub(crate) fn free(words: &Words, g: &Geometry, owner: MemberId, extent: Extent) {
+    let Some(first) = g.unit_at(extent.offset) else {
+        return;
+    };
+    let owner = owner.owner_word();
+    for u in first..(first + extent.units()).min(g.heap_units) {
+        let _ = words.word(g.unit_word(u)).compare_exchange(
+            owner,
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Gives back every unit `owner` holds; how many.
+pub(crate) fn free_all(words: &Words, g: &Geometry, owner: MemberId) -> usize {
+    let owner = owner.owner_word();
+    (0..g.heap_units)
+        .filter(|&u| {
+            words
+                .word(g.unit_word(u))
+                .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+        .count()
+}
+
+/// Whether `extent` (read from the region, so untrusted) is a run of whole units inside the
+/// heap, no longer than `max_len`, every one held by `owner`.
+pub(crate) fn owned_by(
+    words: &Words,
+    g: &Geometry,
+    owner: MemberId,
+    extent: Extent,
+    max_len: u64,
+) -> bool {
+    let Some(first) = g.unit_at(extent.offset) else {
+        return false;
+    };
+    if extent.len == 0 || !extent.len.is_multiple_of(UNIT as u64) || extent.len > max_len {
+        return false;
+    }
+    let units = extent.units();
+    let owner = owner.owner_word();
+    first + units <= g.heap_units
+        && (first..first + units)
+            .all(|u| words.word(g.unit_word(u)).load(Ordering::Acquire) == owner)
+}
+
+/// Units free now (a snapshot).
+pub(crate) fn free_units(words: &Words, g: &Geometry) -> usize {
+    (0..g.heap_units)
+        .filter(|&u| words.word(g.unit_word(u)).load(Ordering::Relaxed) == 0)
+        .count()
+}
