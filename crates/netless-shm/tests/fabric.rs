@@ -31,11 +31,19 @@ fn members_share_a_directory_and_a_heap() {
     assert!(a.same_kernel(b.member()));
     let free = a.free_bytes();
     let seg = a.alloc(3 * UNIT - 1).unwrap();
-    assert_eq!(seg.len, 3 * UNIT as u64);
-    assert_eq!(a.free_bytes(), free - seg.len);
+    assert_eq!(seg.len, 3 * UNIT as u64 - 1);
+    assert_eq!(a.free_bytes(), free - 3 * UNIT as u64);
     assert!(b.is_owned_by(seg, a.member(), 1 << 30));
     assert!(!b.is_owned_by(seg, b.member(), 1 << 30));
     assert!(!b.is_owned_by(seg, a.member(), UNIT as u64));
+    let longer = Extent {
+        len: seg.len + 2,
+        ..seg
+    };
+    assert!(
+        !b.is_owned_by(longer, a.member(), 1 << 30),
+        "one unit past it is free"
+    );
     let written = a.map(seg).unwrap();
     let read = b.map(seg).unwrap();
     // SAFETY: both map the same 3 units; offset 5 is inside; one thread writes then reads.

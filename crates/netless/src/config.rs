@@ -110,6 +110,10 @@ pub struct ServerConfig {
     /// The page-pool domain this server belongs to. Clients of the same domain may send
     /// large payloads as Refs (pass by reference); the handler sees the bytes either way.
     pub domain: Option<netless_pool::Domain>,
+    /// A memory fabric to serve in instead of the socket directory: the replica's segments
+    /// are placed in it and published in its service directory, and clients that share
+    /// nothing but the fabric connect through it (see [`crate::fabric`]).
+    pub fabric: Option<netless_shm::fabric::Fabric>,
     /// Largest response ring a client may bring (its `ClientConfig::ring_bytes`): the server
     /// maps it and its writes fill its pages, so a client cannot make it pay for more.
     /// Replies larger than a ring travel in fragments, so this bounds no message size.
@@ -138,6 +142,7 @@ impl Default for ServerConfig {
             pin_cpus: Vec::new(),
             response_stall_limit: Duration::from_secs(2),
             domain: None,
+            fabric: None,
             max_client_ring: DEFAULT_MAX_CLIENT_RING,
         }
     }
@@ -376,6 +381,10 @@ pub struct ClientConfig {
     /// request payloads of at least `ref_threshold` bytes are written once into pool pages
     /// and travel as a 32-byte Ref, invisibly to both applications.
     pub domain: Option<netless_pool::Domain>,
+    /// A memory fabric to find the service in instead of the socket directory (see
+    /// [`crate::fabric`]): its connection segment is placed there, and the server's liveness
+    /// is its lease.
+    pub fabric: Option<netless_shm::fabric::Fabric>,
     /// Payload size from which requests travel by reference (see `domain`).
     pub ref_threshold: usize,
     /// What to do when a call is NACKed.
@@ -394,6 +403,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             default_timeout: None,
             domain: None,
+            fabric: None,
             ref_threshold: DEFAULT_REF_THRESHOLD,
             retry: RetryPolicy::None,
         }

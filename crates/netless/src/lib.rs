@@ -33,6 +33,34 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod fabric {
+    //! Memory fabrics: one region several processes, containers or hosts map, in which
+    //! servers publish their services and clients that share nothing else with them connect
+    //! (`ServerConfig::fabric`, `ClientConfig::fabric`). See `netless_shm::fabric` for the
+    //! region itself.
+    //!
+    //! ```
+    //! use netless::fabric::{Fabric, FabricOptions};
+    //! use netless::{CallOptions, Client, ClientConfig, Server, ServerConfig};
+    //!
+    //! let path = std::env::temp_dir().join(format!("netless-doc-{}", std::process::id()));
+    //! let fabric = Fabric::open(&path, &FabricOptions::default())?;
+    //! let config = ServerConfig { fabric: Some(fabric.clone()), ..Default::default() };
+    //! let _server = Server::bind("doc.Echo", config, |req: &netless::Request<'_>, resp: &mut netless::ResponseBuilder<'_>| {
+    //!     resp.payload.extend_from_slice(req.payload);
+    //!     Ok(())
+    //! })?;
+    //! let client = Client::connect_with(
+    //!     "doc.Echo",
+    //!     ClientConfig { fabric: Some(fabric), ..Default::default() },
+    //! )?;
+    //! assert_eq!(client.call("Echo", b"hi", &CallOptions::default())?.payload, b"hi");
+    //! # std::fs::remove_file(path).ok();
+    //! # Ok::<(), Box<dyn std::error::Error>>(())
+    //! ```
+    pub use netless_shm::coherence::Coherence;
+    pub use netless_shm::fabric::{Fabric, FabricOptions, DEFAULT_LEASE, DEFAULT_SIZE};
+}
 mod client;
 mod config;
 pub mod control;

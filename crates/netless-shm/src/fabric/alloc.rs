@@ -13,24 +13,25 @@ use crate::sync::Ordering;
 pub struct Extent {
     /// Byte offset in the region (the start of a unit).
     pub offset: u64,
-    /// Length in bytes (whole units).
+    /// Length in bytes (it holds whole units: the last one may be partly used).
     pub len: u64,
 }
 
 impl Extent {
     fn units(self) -> usize {
-        (self.len as usize) / UNIT
+        (self.len as usize).div_ceil(UNIT)
     }
 }
 
-/// Takes `units` consecutive free units for `owner`, searching from `hint`.
+/// Takes the units for `len` bytes for `owner`, searching from `hint`.
 pub(crate) fn alloc(
     words: &Words,
     g: &Geometry,
     owner: MemberId,
-    units: usize,
+    len: usize,
     hint: usize,
 ) -> Option<Extent> {
+    let units = len.div_ceil(UNIT);
     if units == 0 || units > g.heap_units {
         return None;
     }
@@ -62,7 +63,7 @@ pub(crate) fn alloc(
                 if taken == units {
                     return Some(Extent {
                         offset: g.unit_offset(start),
-                        len: (units * UNIT) as u64,
+                        len: len as u64,
                     });
                 }
                 for u in start..start + taken {
@@ -105,8 +106,8 @@ pub(crate) fn free_all(words: &Words, g: &Geometry, owner: MemberId) -> usize {
         .count()
 }
 
-/// Whether `extent` (read from the region, so untrusted) is a run of whole units inside the
-/// heap, no longer than `max_len`, every one held by `owner`.
+/// Whether `extent` (read from the region, so untrusted) starts a unit of the heap, is no
+/// longer than `max_len`, and every unit it covers is held by `owner`.
 pub(crate) fn owned_by(
     words: &Words,
     g: &Geometry,
@@ -117,7 +118,7 @@ pub(crate) fn owned_by(
     let Some(first) = g.unit_at(extent.offset) else {
         return false;
     };
-    if extent.len == 0 || !extent.len.is_multiple_of(UNIT as u64) || extent.len > max_len {
+    if extent.len == 0 || extent.len > max_len || extent.len > g.size {
         return false;
     }
     let units = extent.units();

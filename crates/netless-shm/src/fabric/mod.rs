@@ -263,12 +263,14 @@ impl Fabric {
         }
     }
 
-    /// Takes heap units for at least `len` bytes, held by this member.
+    /// Takes heap units for `len` bytes (whole units, the extent says `len`), held by this
+    /// member.
     ///
     /// # Errors
     /// [`Error::Fabric`] if no run of free units is long enough.
     pub fn alloc(&self, len: usize) -> Result<Extent, Error> {
-        let units = len.max(1).div_ceil(UNIT);
+        let len = len.max(1);
+        let units = len.div_ceil(UNIT);
         let hint = {
             let mut ticks = lock(&self.inner.ticks);
             ticks.next_hint = ticks.next_hint.wrapping_add(units);
@@ -278,7 +280,7 @@ impl Fabric {
             &self.inner.words,
             &self.inner.geometry,
             self.inner.me,
-            units,
+            len,
             hint,
         )
         .ok_or_else(|| Error::Fabric {

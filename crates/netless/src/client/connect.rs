@@ -110,21 +110,7 @@ pub(super) fn handshake(
     socket.set_read_timeout(None).map_err(io)?;
     socket.set_write_timeout(None).map_err(io)?;
 
-    let g = *replica.geometry();
-    let block = g.block_size as usize;
-    // Fragments of up to 64 KiB or 64 blocks, whichever is more (a server with large
-    // blocks takes large requests whole), and at most a quarter of the partition each.
-    // At least one byte of body per fragment, even with 64-byte blocks.
-    let min_run = (HEADER_LEN / block + 1) as u32;
-    let max_run = (g.part_blocks / 4)
-        .clamp(min_run, (65536 / g.block_size).max(64).max(min_run))
-        .min(g.part_blocks) as usize;
-    if max_run * block <= HEADER_LEN {
-        return Err(Status::unavailable(format!(
-            "service `{service}`'s receive buffer is too small to hold a request"
-        )));
-    }
-    let fragment_body = max_run * block - HEADER_LEN;
+    let fragment_body = fragment_body(service, &replica)?;
     // Pass by reference only when both sides map the same pool, and the server is a member
     // we see in our own pid namespace: only then does the server see us as one (it knows
     // members by the pid its socket reports), and accept our Refs.
@@ -179,4 +165,23 @@ fn check_server(
         ));
     }
     Ok(server)
+}
+
+/// The most body bytes one fragment of a request to `replica` carries.
+pub(super) fn fragment_body(service: &str, replica: &ReplicaSegment) -> Result<usize, Status> {
+    let g = *replica.geometry();
+    let block = g.block_size as usize;
+    // Fragments of up to 64 KiB or 64 blocks, whichever is more (a server with large
+    // blocks takes large requests whole), and at most a quarter of the partition each.
+    // At least one byte of body per fragment, even with 64-byte blocks.
+    let min_run = (HEADER_LEN / block + 1) as u32;
+    let max_run = (g.part_blocks / 4)
+        .clamp(min_run, (65536 / g.block_size).max(64).max(min_run))
+        .min(g.part_blocks) as usize;
+    if max_run * block <= HEADER_LEN {
+        return Err(Status::unavailable(format!(
+            "service `{service}`'s receive buffer is too small to hold a request"
+        )));
+    }
+    Ok(max_run * block - HEADER_LEN)
 }

@@ -34,6 +34,7 @@ use crate::wire::metadata::Metadata;
 pub(crate) mod call;
 mod connect;
 pub(crate) mod connection;
+mod fabric;
 mod future;
 mod reaper;
 pub(crate) mod replicas;
@@ -85,6 +86,9 @@ impl Client {
     /// another user fails with `PERMISSION_DENIED` before anything is sent.
     pub fn connect_with(service: &str, config: ClientConfig) -> Result<Client, Status> {
         config.validate()?;
+        if let Some(fabric) = config.fabric.clone() {
+            return Client::connect_in_fabric(service, None, &fabric, config);
+        }
         let dir = config.socket_dir()?;
         let name = socket_name(dir.path(), service, None)?;
         Client::connect_at(service, &dir, &name, config)
@@ -98,6 +102,9 @@ impl Client {
         config: ClientConfig,
     ) -> Result<Client, Status> {
         config.validate()?;
+        if let Some(fabric) = config.fabric.clone() {
+            return Client::connect_in_fabric(service, Some(replica), &fabric, config);
+        }
         let dir = config.socket_dir()?;
         let name = socket_name(dir.path(), service, Some(replica))?;
         Client::connect_at(&format!("{service}#{replica}"), &dir, &name, config)
@@ -110,9 +117,22 @@ impl Client {
         name: &str,
         config: ClientConfig,
     ) -> Result<Client, Status> {
-        let shared = Arc::new(Connection::new(connect::handshake(
-            service, dir, name, config,
-        )?));
+        Client::start(connect::handshake(service, dir, name, config)?)
+    }
+
+    /// Connects to `service` (replica `replica`) through the memory fabric in `config`.
+    fn connect_in_fabric(
+        service: &str,
+        replica: Option<u32>,
+        fabric: &netless_shm::fabric::Fabric,
+        config: ClientConfig,
+    ) -> Result<Client, Status> {
+        Client::start(fabric::handshake(service, replica, fabric, config)?)
+    }
+
+    /// Starts the threads of a connection the handshake made.
+    fn start(handshaken: connection::Handshaken) -> Result<Client, Status> {
+        let shared = Arc::new(Connection::new(handshaken));
         let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)
             .map_err(|e| Status::resource_exhausted(format!("eventfd: {e}")))?;
         let monitor = {

@@ -8,7 +8,10 @@ use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 
 use netless_ring::{Consumer, DoorbellWords, Producer, ResponseRing};
+use netless_shm::fabric::Extent;
 use netless_shm::Segment;
+
+use super::Place;
 
 use super::layout::{ConnHeader, CONN_MAGIC, DOORBELL_OFFSET, LAYOUT_VERSION};
 use crate::status::Status;
@@ -21,6 +24,8 @@ const RING_OFFSET: usize = 256;
 /// A mapped connection segment.
 pub(crate) struct ConnSegment {
     doorbell: &'static DoorbellWords,
+    /// Where it is in a fabric region, if it is in one.
+    extent: Option<Extent>,
     // Declared last: the views above borrow its mapping, which must outlive them.
     segment: Segment,
 }
@@ -29,12 +34,20 @@ impl ConnSegment {
     /// Creates a connection segment whose ring holds about `ring_bytes` (client side), and
     /// the consumer end of its ring.
     pub(crate) fn create(ring_bytes: usize) -> Result<(ConnSegment, Consumer<'static>), Status> {
+        Self::create_in(ring_bytes, Place::Memfd)
+    }
+
+    /// As [`ConnSegment::create`], in `place`.
+    pub(crate) fn create_in(
+        ring_bytes: usize,
+        place: Place<'_>,
+    ) -> Result<(ConnSegment, Consumer<'static>), Status> {
         let ring_slots = (ring_bytes / 64).next_power_of_two().max(64) as u32;
         // 256: the ring's slots then start 128-byte aligned, so a record's first two lines are an
         // aligned pair the adjacent-line prefetcher fetches together.
         let ring_offset = RING_OFFSET;
         let total_len = ring_offset + ResponseRing::bytes_needed(ring_slots);
-        let segment = Segment::create("netless-conn", total_len).map_err(|e| {
+        let (segment, extent) = place.segment("netless-conn", total_len).map_err(|e| {
             Status::resource_exhausted(format!("cannot create connection segment: {e}"))
         })?;
         let header = ConnHeader {
@@ -57,7 +70,14 @@ impl ConnSegment {
         .map_err(|e| Status::internal(format!("response ring layout: {e}")))?;
         // SAFETY: the doorbell line lies inside the segment.
         let doorbell = unsafe { &*(segment.as_ptr().add(DOORBELL_OFFSET) as *const DoorbellWords) };
-        Ok((ConnSegment { doorbell, segment }, consumer))
+        Ok((
+            ConnSegment {
+                doorbell,
+                extent,
+                segment,
+            },
+            consumer,
+        ))
     }
 
     /// Maps a connection segment received from a client and validates it (server side); its
@@ -66,8 +86,7 @@ impl ConnSegment {
         fd: OwnedFd,
         max_ring: usize,
     ) -> Result<(ConnSegment, Producer<'static>), String> {
-        let max_len =
-            (RING_OFFSET + ResponseRing::bytes_needed((max_ring / 64) as u32)).min(MAX_CONN_LEN);
+        let max_len = Self::max_len(max_ring);
         let segment = Segment::attach(fd, max_len).map_err(|e| match e {
             netless_shm::Error::SegmentTooLarge { len, .. } => format!(
                 "the client's response ring takes {len} bytes, more than the {max_ring} this \
@@ -75,6 +94,19 @@ impl ConnSegment {
             ),
             e => format!("cannot map connection segment: {e}"),
         })?;
+        Self::attach_segment(segment)
+    }
+
+    /// The longest connection segment whose ring takes at most `max_ring` bytes.
+    pub(crate) fn max_len(max_ring: usize) -> usize {
+        (RING_OFFSET + ResponseRing::bytes_needed((max_ring / 64) as u32)).min(MAX_CONN_LEN)
+    }
+
+    /// Validates a client's connection segment mapped from a fabric region (server side; the
+    /// caller checked its length against [`ConnSegment::max_len`]).
+    pub(crate) fn attach_segment(
+        segment: Segment,
+    ) -> Result<(ConnSegment, Producer<'static>), String> {
         if segment.len() < RING_OFFSET {
             return Err("connection segment too short".into());
         }
@@ -98,13 +130,24 @@ impl ConnSegment {
         .map_err(|e| format!("connection segment's ring is malformed: {e}"))?;
         // SAFETY: the doorbell line lies inside the mapping (len >= RING_OFFSET).
         let doorbell = unsafe { &*(segment.as_ptr().add(DOORBELL_OFFSET) as *const DoorbellWords) };
-        Ok((ConnSegment { doorbell, segment }, producer))
+        Ok((
+            ConnSegment {
+                doorbell,
+                extent: None,
+                segment,
+            },
+            producer,
+        ))
     }
     pub(crate) fn doorbell(&self) -> &DoorbellWords {
         self.doorbell
     }
     pub(crate) fn segment(&self) -> &Segment {
         &self.segment
+    }
+    /// Where it is in a fabric region, if this side made it in one.
+    pub(crate) fn extent(&self) -> Option<Extent> {
+        self.extent
     }
 }
 

@@ -14,7 +14,10 @@
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+use netless_shm::fabric::Extent;
 use netless_shm::{Published, PublishedView};
+
+use super::place::Place;
 
 use super::layout::{ServerControl, WorkerStats, LAYOUT_VERSION};
 use crate::status::Status;
@@ -57,11 +60,23 @@ pub(crate) struct ControlSegment {
     stats: &'static [WorkerStats],
     // Declared last: the views above borrow its mapping.
     backing: Backing,
+    /// Where it is in a fabric region, if the server made it in one.
+    extent: Option<Extent>,
 }
 
 impl ControlSegment {
     /// Creates a control segment for `workers` workers (server side).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn create(service: &str, workers: u32) -> Result<ControlSegment, Status> {
+        Self::create_in(service, workers, Place::Memfd)
+    }
+
+    /// As [`ControlSegment::create`], in `place`.
+    pub(crate) fn create_in(
+        service: &str,
+        workers: u32,
+        place: Place<'_>,
+    ) -> Result<ControlSegment, Status> {
         if !(1..=MAX_WORKERS).contains(&workers) {
             return Err(Status::invalid_argument(format!(
                 "a server has 1..={MAX_WORKERS} workers"
@@ -69,7 +84,8 @@ impl ControlSegment {
         }
         let stride = std::mem::size_of::<WorkerStats>();
         let total_len = STATS_OFFSET + workers as usize * stride;
-        let published = Published::create(&format!("netless-control-{service}"), total_len)
+        let (published, extent) = place
+            .published(&format!("netless-control-{service}"), total_len)
             .map_err(|e| {
                 Status::resource_exhausted(format!("cannot create the control segment: {e}"))
             })?;
@@ -86,7 +102,20 @@ impl ControlSegment {
         // yet.
         unsafe { std::ptr::write(published.as_ptr() as *mut ControlHeader, header) };
         // SAFETY: the regions the header describes lie inside the mapping (computed above).
-        Ok(unsafe { Self::assemble(published.as_ptr(), header, Backing::Server(published)) })
+        let mut control =
+            unsafe { Self::assemble(published.as_ptr(), header, Backing::Server(published)) };
+        control.extent = extent;
+        Ok(control)
+    }
+
+    /// The longest control segment a client maps.
+    pub(crate) fn max_len() -> usize {
+        STATS_OFFSET + MAX_WORKERS as usize * std::mem::size_of::<WorkerStats>()
+    }
+
+    /// Where it is in a fabric region, if the server made it in one.
+    pub(crate) fn extent(&self) -> Option<Extent> {
+        self.extent
     }
 
     /// Maps a server's control segment read-only and validates its geometry (client side).
@@ -95,6 +124,17 @@ impl ControlSegment {
         let view = PublishedView::attach(fd, max_len).map_err(|e| {
             Status::unavailable(format!("cannot map the server's control segment: {e}"))
         })?;
+        Self::attach_view(view)
+    }
+
+    /// Validates a server's control segment mapped read-only from a fabric region (client
+    /// side).
+    pub(crate) fn attach_view(view: PublishedView) -> Result<ControlSegment, Status> {
+        if view.len() > Self::max_len() {
+            return Err(Status::unavailable(
+                "the server's control segment is larger than a client maps",
+            ));
+        }
         let bad = |what: &str| {
             Err(Status::unavailable(format!(
                 "the server's control segment is malformed ({what}); is it a netless server of the same version?"
@@ -145,6 +185,7 @@ impl ControlSegment {
                     header.workers as usize,
                 ),
                 backing,
+                extent: None,
             }
         }
     }

@@ -12,6 +12,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use netless_ring::{DoorbellWords, ReceiveQueue};
+use netless_shm::fabric::Extent;
 use netless_shm::Segment;
 
 use super::control::ControlSegment;
@@ -19,13 +20,14 @@ use super::layout::{
     atomic_u32_slice, provisioning, ClientControl, QueueHead, ReplicaHeader, ServerControl,
     WorkerStats, CLIENT_CONTROL_OFFSET, FIXED_END, LAYOUT_VERSION, QUEUE_LINES, REPLICA_MAGIC,
 };
+use super::place::Place;
 use super::run::BlockRun;
 use crate::status::Status;
 use crate::sync::{AtomicU32, Ordering};
 use crate::wire::header::align64;
 
 /// Largest replica segment a client agrees to map.
-const MAX_REPLICA_LEN: usize = 1 << 30;
+pub(crate) const MAX_REPLICA_LEN: usize = 1 << 30;
 /// Most blocks (table words) in a replica segment.
 pub(crate) const MAX_BLOCKS: u32 = 1 << 24;
 /// Most receive queues in a replica segment.
@@ -98,6 +100,8 @@ pub(crate) struct ReplicaSegment {
     table: &'static [AtomicU32],
     blocks: NonNull<u8>,
     control: Arc<ControlSegment>,
+    /// Where it is in a fabric region, if the server made it in one.
+    extent: Option<Extent>,
     // Declared last: the views above borrow its mapping, which must outlive them.
     segment: Segment,
 }
@@ -110,10 +114,21 @@ unsafe impl Sync for ReplicaSegment {}
 
 impl ReplicaSegment {
     /// Creates and lays out a replica segment (server side), beside the server's `control`.
+    #[cfg(feature = "fuzzing")]
     pub(crate) fn create(
         service: &str,
         spec: ReplicaSpec,
         control: Arc<ControlSegment>,
+    ) -> Result<ReplicaSegment, Status> {
+        Self::create_in(service, spec, control, Place::Memfd)
+    }
+
+    /// As [`ReplicaSegment::create`], in `place`.
+    pub(crate) fn create_in(
+        service: &str,
+        spec: ReplicaSpec,
+        control: Arc<ControlSegment>,
+        place: Place<'_>,
     ) -> Result<ReplicaSegment, Status> {
         // `run` relies on blocks of at least a full header.
         if !spec.block_size.is_power_of_two() || !(64..=65536).contains(&spec.block_size) {
@@ -162,8 +177,9 @@ impl ReplicaSegment {
             pad: 0,
             reserved: [0; 3],
         };
-        let segment =
-            Segment::create(&format!("netless-replica-{service}"), total_len).map_err(|e| {
+        let (segment, extent) = place
+            .segment(&format!("netless-replica-{service}"), total_len)
+            .map_err(|e| {
                 Status::resource_exhausted(format!("cannot create replica segment: {e}"))
             })?;
         let base = segment.as_ptr();
@@ -184,7 +200,9 @@ impl ReplicaSegment {
             queues.push(queue);
         }
         // SAFETY: geometry was computed above, so the views lie within the segment.
-        unsafe { Self::assemble(segment, geometry, queues, control) }
+        let mut replica = unsafe { Self::assemble(segment, geometry, queues, control) }?;
+        replica.extent = extent;
+        Ok(replica)
     }
 
     /// Writes the segment's geometry and its queues' headers back from the server's private
@@ -221,6 +239,19 @@ impl ReplicaSegment {
     ) -> Result<ReplicaSegment, Status> {
         let segment = Segment::attach(fd, MAX_REPLICA_LEN)
             .map_err(|e| Status::unavailable(format!("cannot map the server's segment: {e}")))?;
+        Self::attach_segment(segment, control)
+    }
+
+    /// Validates a server's replica segment mapped from a fabric region (client side).
+    pub(crate) fn attach_segment(
+        segment: Segment,
+        control: Arc<ControlSegment>,
+    ) -> Result<ReplicaSegment, Status> {
+        if segment.len() > MAX_REPLICA_LEN {
+            return Err(Status::unavailable(
+                "the server's replica segment is larger than a client maps",
+            ));
+        }
         let bad = |what: &str| {
             Err(Status::unavailable(format!(
                 "the server's replica segment is malformed ({what}); is it a netless server of the same version?"
@@ -360,8 +391,14 @@ impl ReplicaSegment {
             table,
             blocks,
             control,
+            extent: None,
             segment,
         })
+    }
+
+    /// Where it is in a fabric region, if the server made it in one.
+    pub(crate) fn extent(&self) -> Option<Extent> {
+        self.extent
     }
 
     pub(crate) fn geometry(&self) -> &ReplicaHeader {

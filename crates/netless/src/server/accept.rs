@@ -38,7 +38,8 @@ struct Dying {
 /// the retired ones whose blocks are not yet free.
 pub(super) struct Acceptor {
     server: Arc<ServerState>,
-    listener: UnixListener,
+    /// The service's socket (none when it serves in a fabric only).
+    listener: Option<UnixListener>,
     /// Readable once the server stops.
     stop: OwnedFd,
     live: HashMap<RawFd, Arc<Conn>>,
@@ -52,7 +53,7 @@ pub(super) struct Acceptor {
 impl Acceptor {
     pub(super) fn new(
         server: Arc<ServerState>,
-        listener: UnixListener,
+        listener: Option<UnixListener>,
         stop: OwnedFd,
     ) -> Result<Self, Status> {
         Ok(Acceptor {
@@ -67,6 +68,11 @@ impl Acceptor {
         })
     }
 
+    /// Where connections admitted through a fabric are handed in.
+    pub(super) fn inbox(&self) -> Arc<super::handshake::Inbox> {
+        self.handshakes.inbox()
+    }
+
     /// Admits, watches and reclaims until the server stops; then closes every connection.
     pub(super) fn run(mut self) {
         use rustix::event::{poll, PollFd, PollFlags};
@@ -75,7 +81,11 @@ impl Acceptor {
             let admissions = self.handshakes.wake_fd();
             let mut fds = Vec::with_capacity(conns.len() + 3);
             fds.push(PollFd::new(&self.stop, PollFlags::IN));
-            fds.push(PollFd::new(&self.listener, PollFlags::IN));
+            // Without a listener the stop fd stands in (its event ends the loop first).
+            match &self.listener {
+                Some(listener) => fds.push(PollFd::new(listener, PollFlags::IN)),
+                None => fds.push(PollFd::new(&self.stop, PollFlags::IN)),
+            }
             fds.push(PollFd::new(&admissions, PollFlags::IN));
             for c in &conns {
                 fds.push(PollFd::new(&c.socket, PollFlags::IN));
@@ -114,8 +124,8 @@ impl Acceptor {
             if admitted {
                 self.watch_admitted();
             }
-            if accept_ready {
-                while let Ok((socket, _)) = self.listener.accept() {
+            if let (true, Some(listener)) = (accept_ready, &self.listener) {
+                while let Ok((socket, _)) = listener.accept() {
                     self.generation = self.generation.wrapping_add(1);
                     self.handshakes.start(&self.server, socket, self.generation);
                 }

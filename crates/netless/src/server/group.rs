@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use netless_ring::ConsumerHead;
 
-use crate::segment::{ControlSegment, ReplicaSegment, ReplicaSpec};
+use crate::segment::{ControlSegment, Place, ReplicaSegment, ReplicaSpec};
 use crate::status::Status;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -39,8 +39,9 @@ impl Group {
         uid: u32,
         spec: ReplicaSpec,
         control: Arc<ControlSegment>,
+        place: Place<'_>,
     ) -> Result<Group, Status> {
-        let replica = ReplicaSegment::create(service, spec, control)?;
+        let replica = ReplicaSegment::create_in(service, spec, control, place)?;
         Ok(Group {
             index,
             uid,

@@ -41,9 +41,17 @@ const BUSY_REFUSAL: Duration = Duration::from_millis(20);
 
 /// The connections handshakes admitted, for the acceptor to watch, and the eventfd that
 /// tells it some arrived.
-struct Inbox {
+pub(super) struct Inbox {
     admitted: Mutex<Vec<Arc<Conn>>>,
     wake: OwnedFd,
+}
+
+impl Inbox {
+    /// Hands an admitted connection to the acceptor, and wakes it.
+    pub(super) fn deliver(&self, conn: Arc<Conn>) {
+        lock(&self.admitted).push(conn);
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
 }
 
 /// The handshakes in progress.
@@ -110,8 +118,7 @@ impl Handshakes {
             .spawn(move || {
                 let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
                 if let Some(conn) = admit(&server, socket, generation, deadline) {
-                    lock(&inbox.admitted).push(conn);
-                    let _ = rustix::io::write(&inbox.wake, &1u64.to_ne_bytes());
+                    inbox.deliver(conn);
                 }
             });
         match spawned {
@@ -121,6 +128,11 @@ impl Handshakes {
     }
 
     /// The connections admitted since the last call.
+    /// Where connections admitted elsewhere (through a fabric) are handed in.
+    pub(super) fn inbox(&self) -> Arc<Inbox> {
+        self.inbox.clone()
+    }
+
     pub(super) fn take_admitted(&self) -> Vec<Arc<Conn>> {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(&self.inbox.wake, &mut counter);
@@ -230,75 +242,26 @@ fn admit(
         Ok(s) => s,
         Err(e) => return refuse(socket, Status::invalid_argument(e), deadline),
     };
-    if server.is_stopping() {
-        let status = Status::unavailable(format!("service `{}` is shutting down", server.service));
-        return refuse(socket, status, deadline);
-    }
-    let conn = {
-        // One admission at a time takes a slot: the count, the vacant slot and the install
-        // must agree.
-        let _admitting = lock(&server.admitting);
-        let limit = server
-            .server_control()
-            .max_connections
-            .load(Ordering::Relaxed);
-        if server.conns.live() >= limit {
-            let status = Status::resource_exhausted(format!(
-                "service `{}` admits at most {limit} connections now (its max_connections register)",
-                server.service
-            ));
-            return refuse(socket, status, deadline);
-        }
-        if uid != server.owner_uid {
-            let most = server.config.per_uid_connections();
-            if server.conns.live_of(uid) >= most {
-                let status = Status::resource_exhausted(format!(
-                    "uid {uid} holds {most} connections to service `{}`, the most one user \
-                     other than its owner may (ServerConfig::max_connections_per_uid): close \
-                     some, or retry later",
-                    server.service
-                ));
-                return refuse(socket, status, deadline);
-            }
-        }
-        let Some(index) = server.conns.vacant() else {
-            let status = Status::resource_exhausted(format!(
-                "service `{}` has its maximum of {} connections",
-                server.service, server.config.max_connections
-            ));
-            return refuse(socket, status, deadline);
-        };
-        // Clients of another uid never share a writable segment with this one.
-        let group = match server.group_of(uid) {
-            Ok(group) => group,
-            Err(status) => return refuse(socket, status, deadline),
-        };
-        let conn = Arc::new(Conn::new(Admitted {
-            index,
-            group: group.index,
-            uid,
-            tag: conn_tag(index, generation),
-            token: random_token(),
-            segment,
-            producer,
-            socket: handshaking.0.take()?,
-            client_max,
-            // Refs only from a process the domain itself admitted (checked against the
-            // domain's member table, not the id the client claims), and only its own.
-            by_ref: client_domain != 0
-                && client_domain == server.domain_id()
-                && server
-                    .config
-                    .domain
-                    .as_ref()
-                    .is_some_and(|d| d.has_member(peer_pid)),
-            peer_pid,
-        }));
-        server.conns.install(&conn);
-        // Counted before the client hears it is connected, so stats read after its
-        // `connect` returns include it.
-        server.count_connection(1);
-        conn
+    let by_ref = client_domain != 0
+        && client_domain == server.domain_id()
+        && server
+            .config
+            .domain
+            .as_ref()
+            .is_some_and(|d| d.has_member(peer_pid));
+    let socket = handshaking.0.take()?;
+    let newcomer = Newcomer {
+        uid,
+        peer_pid,
+        segment,
+        producer,
+        client_max,
+        by_ref,
+        generation,
+    };
+    let conn = match install(server, newcomer, &socket) {
+        Ok(conn) => conn,
+        Err(status) => return refuse(&socket, status, deadline),
     };
     let welcome = Frame::Welcome {
         version: PROTOCOL_VERSION,
@@ -325,6 +288,92 @@ fn admit(
     let _ = conn.socket.set_read_timeout(None);
     let _ = conn.socket.set_write_timeout(None);
     Some(conn)
+}
+
+/// What a handshake learnt of a client it is about to admit.
+pub(super) struct Newcomer {
+    pub(super) uid: u32,
+    pub(super) peer_pid: u32,
+    pub(super) segment: ConnSegment,
+    pub(super) producer: netless_ring::Producer<'static>,
+    pub(super) client_max: usize,
+    pub(super) by_ref: bool,
+    pub(super) generation: u32,
+}
+
+/// Admits `n` if the limits allow: a slot in the connection table, in its uid's trust group,
+/// watched through `socket`; the status to refuse it with otherwise.
+pub(super) fn install(
+    server: &ServerState,
+    n: Newcomer,
+    socket: &UnixStream,
+) -> Result<Arc<Conn>, Status> {
+    if server.is_stopping() {
+        return Err(Status::unavailable(format!(
+            "service `{}` is shutting down",
+            server.service
+        )));
+    }
+    let conn = {
+        // One admission at a time takes a slot: the count, the vacant slot and the install
+        // must agree.
+        let _admitting = lock(&server.admitting);
+        let limit = server
+            .server_control()
+            .max_connections
+            .load(Ordering::Relaxed);
+        if server.conns.live() >= limit {
+            let status = Status::resource_exhausted(format!(
+                "service `{}` admits at most {limit} connections now (its max_connections register)",
+                server.service
+            ));
+            return Err(status);
+        }
+        if n.uid != server.owner_uid {
+            let most = server.config.per_uid_connections();
+            if server.conns.live_of(n.uid) >= most {
+                let status = Status::resource_exhausted(format!(
+                    "uid {} holds {most} connections to service `{}`, the most one user \
+                     other than its owner may (ServerConfig::max_connections_per_uid): close \
+                     some, or retry later",
+                    n.uid, server.service
+                ));
+                return Err(status);
+            }
+        }
+        let Some(index) = server.conns.vacant() else {
+            let status = Status::resource_exhausted(format!(
+                "service `{}` has its maximum of {} connections",
+                server.service, server.config.max_connections
+            ));
+            return Err(status);
+        };
+        // Clients of another uid never share a writable segment with this one.
+        let group = server.group_of(n.uid)?;
+        let conn = Arc::new(Conn::new(Admitted {
+            index,
+            group: group.index,
+            uid: n.uid,
+            tag: conn_tag(index, n.generation),
+            token: random_token(),
+            segment: n.segment,
+            producer: n.producer,
+            socket: socket.try_clone().map_err(|e| {
+                Status::resource_exhausted(format!("cannot keep the client's socket: {e}"))
+            })?,
+            client_max: n.client_max,
+            // Refs only from a process the domain itself admitted (checked against the
+            // domain's member table, not the id the client claims), and only its own.
+            by_ref: n.by_ref,
+            peer_pid: n.peer_pid,
+        }));
+        server.conns.install(&conn);
+        // Counted before the client hears it is connected, so stats read after its
+        // `connect` returns include it.
+        server.count_connection(1);
+        conn
+    };
+    Ok(conn)
 }
 
 /// A per-connection secret so a stray or forged queue entry cannot impersonate a connection.

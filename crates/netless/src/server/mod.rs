@@ -34,7 +34,7 @@ use netless_shm::SocketClaim;
 
 use crate::config::{socket_dir, socket_name, Provisioning, ServerConfig};
 use crate::segment::layout::provisioning;
-use crate::segment::{ControlSegment, ReplicaSpec};
+use crate::segment::{ControlSegment, Place, ReplicaSpec};
 use crate::status::{Code, Status};
 use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
@@ -44,6 +44,7 @@ mod backlog;
 mod conn;
 mod deferred;
 mod dispatch;
+mod fabric;
 mod group;
 pub(crate) mod handler;
 mod handshake;
@@ -117,6 +118,10 @@ pub struct Server {
     /// The service's name in the socket directory: its lock and socket, released (the
     /// socket removed if still ours) when the server stops.
     claim: Option<SocketClaim>,
+    /// Its entry in a fabric, when it serves in one: withdrawn when the server stops.
+    published: Option<fabric::Published>,
+    /// The acceptor's inbox, until a fabric's admissions take it.
+    inbox: Option<Arc<handshake::Inbox>>,
 }
 
 impl Server {
@@ -133,6 +138,9 @@ impl Server {
         handler: impl Handler,
     ) -> Result<Server, Status> {
         config.validate()?;
+        if let Some(fabric) = config.fabric.clone() {
+            return Server::bind_in_fabric(service, config, handler, &fabric);
+        }
         let dir = socket_dir(config.dir.as_deref(), &[])?;
         let name = socket_name(dir.path(), service, config.replica)?;
         // The name first: a second server of it fails before it builds anything.
@@ -150,6 +158,71 @@ impl Server {
             )),
         })?;
         let socket_path = claim.socket_path();
+        // An ACL that admits other users needs a socket they can connect to; the ACL, checked
+        // on every connection, is what keeps everyone else out.
+        let me = rustix::process::geteuid().as_raw();
+        if config.acl.uids().iter().any(|&u| u != me) || !config.acl.gids().is_empty() {
+            claim.set_socket_mode(0o666).map_err(|e| {
+                Status::unavailable(format!(
+                    "cannot open {} to the other users the ACL admits: {e}",
+                    socket_path.display()
+                ))
+            })?;
+        }
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Status::internal(format!("listener: {e}")))?;
+        Server::build(
+            service,
+            config,
+            handler,
+            Place::Memfd,
+            socket_path,
+            Some((claim, listener)),
+        )
+    }
+
+    /// Binds `service` in the fabric `config.fabric` names.
+    fn bind_in_fabric(
+        service: &str,
+        config: ServerConfig,
+        handler: impl Handler,
+        fabric: &netless_shm::fabric::Fabric,
+    ) -> Result<Server, Status> {
+        netless_shm::service_socket_path(Path::new("/"), service)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if !fabric.lookup(service, config.replica).is_empty() {
+            return Err(Status::new(
+                Code::AlreadyExists,
+                format!(
+                    "service `{service}` is already served in the fabric by a live member: stop                      that server or pick another name"
+                ),
+            ));
+        }
+        let mut server = Server::build(
+            service,
+            config,
+            handler,
+            Place::Fabric(fabric),
+            fabric.path().to_owned(),
+            None,
+        )?;
+        let inbox = server.inbox.take().expect("a fresh server's inbox");
+        server.published = Some(fabric::publish(&server.state, fabric, inbox)?);
+        Ok(server)
+    }
+
+    /// Builds the server's segments and state and starts its threads: with a socket to
+    /// listen on, or (in a fabric) none.
+    fn build(
+        service: &str,
+        config: ServerConfig,
+        handler: impl Handler,
+        place: Place<'_>,
+        socket_path: std::path::PathBuf,
+        socket: Option<(SocketClaim, std::os::unix::net::UnixListener)>,
+    ) -> Result<Server, Status> {
+        let (claim, listener) = socket.unzip();
         let part_blocks = (config.partition_bytes() / config.block_size as usize) as u32;
         let spec = ReplicaSpec {
             block_size: config.block_size,
@@ -170,10 +243,14 @@ impl Server {
             max_message: config.max_message as u32,
             max_connections: config.max_connections,
         };
-        let control = Arc::new(ControlSegment::create(service, config.workers as u32)?);
+        let control = Arc::new(ControlSegment::create_in(
+            service,
+            config.workers as u32,
+            place,
+        )?);
         let owner_uid = rustix::process::geteuid().as_raw();
         // The owner's group first; other uids' when their first client arrives.
-        let first = group::Group::create(service, 0, owner_uid, spec, control.clone())?;
+        let first = group::Group::create(service, 0, owner_uid, spec, control.clone(), place)?;
         if let Some(limit) = config.depth_limit(None) {
             control
                 .server_control()
@@ -181,20 +258,6 @@ impl Server {
                 .store(limit, Ordering::Relaxed);
         }
         crate::control::init(control.server_control(), &config);
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Status::internal(format!("listener: {e}")))?;
-        // An ACL that admits other users needs a socket they can connect to; the ACL, checked
-        // on every connection, is what keeps everyone else out.
-        let me = rustix::process::geteuid().as_raw();
-        if config.acl.uids().iter().any(|&u| u != me) || !config.acl.gids().is_empty() {
-            claim.set_socket_mode(0o666).map_err(|e| {
-                Status::unavailable(format!(
-                    "cannot open {} to the other users the ACL admits: {e}",
-                    socket_path.display()
-                ))
-            })?;
-        }
         let state = Arc::new_cyclic(|this| ServerState {
             this: this.clone(),
             deferring: AtomicBool::new(false),
@@ -225,7 +288,9 @@ impl Server {
             state,
             threads: Vec::new(),
             stop,
-            claim: Some(claim),
+            claim,
+            published: None,
+            inbox: None,
         };
         for worker in 0..server.state.config.workers {
             let state = server.state.clone();
@@ -245,6 +310,7 @@ impl Server {
                     .try_clone()
                     .map_err(|e| Status::resource_exhausted(format!("dup: {e}")))?,
             )?;
+            server.inbox = Some(acceptor.inbox());
             let spawned = thread::Builder::new()
                 .name("netless-acceptor".into())
                 .spawn(move || acceptor.run());
@@ -315,6 +381,8 @@ impl Server {
         if self.state.stopping.swap(true, Ordering::AcqRel) && self.threads.is_empty() {
             return;
         }
+        // No new client finds it in a fabric.
+        drop(self.published.take());
         let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
         for group in self.state.groups.iter() {
             for q in group.replica.queues() {

@@ -17,7 +17,7 @@ use super::worker::WorkerSlot;
 use super::ServerStats;
 use crate::config::{Provisioning, ServerConfig};
 use crate::segment::layout::{block_state, latency_bucket_floor, provisioning, ServerControl};
-use crate::segment::{ControlSegment, ReplicaSpec};
+use crate::segment::{ControlSegment, Place, ReplicaSpec};
 use crate::slo::Slo;
 use crate::status::Status;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -83,7 +83,19 @@ impl ServerState {
     /// The trust group of `uid`, made now if it has none (the caller holds `admitting`).
     pub(super) fn group_of(&self, uid: u32) -> Result<&Group, Status> {
         self.groups.of_uid(uid, |index| {
-            Group::create(&self.service, index, uid, self.spec, self.control.clone())
+            let place = self
+                .config
+                .fabric
+                .as_ref()
+                .map_or(Place::Memfd, Place::Fabric);
+            Group::create(
+                &self.service,
+                index,
+                uid,
+                self.spec,
+                self.control.clone(),
+                place,
+            )
         })
     }
 

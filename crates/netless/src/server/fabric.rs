@@ -1,0 +1,300 @@
+//! Serving in a memory fabric: the replica's segments live in the region, its entry in the
+//! region's directory names them, and clients are admitted through the entry's connect
+//! slots, polled on the fabric's thread.
+//!
+//! Everything a client leaves in a slot is checked before use: its membership must be live,
+//! its protocol ours, and its connection segment units that it holds, no longer than the
+//! server maps. Every fabric client joins the owner's trust group: whoever can open the
+//! region can write all of it, so the region is one trust group (give groups that must not
+//! share a writable segment regions of their own). Each connection gets a local socket pair
+//! in place of a Unix socket: the fabric's thread hangs up the far end when the client says
+//! it is gone or its membership dies, and reads from it the goodbye the server writes, which
+//! it leaves in the slot; so the acceptor watches and reclaims fabric connections as it does
+//! socket ones.
+
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use netless_shm::fabric::{Extent, Fabric, Mailbox, MemberId, Request};
+use netless_shm::recv_frame_by;
+
+use super::handshake::{install, Inbox, Newcomer};
+use super::state::ServerState;
+use crate::segment::place::{CONTROL_EXTENT, MAILBOX_EXTENT, REPLICA_EXTENT};
+use crate::segment::{ConnSegment, Place};
+use crate::status::{Code, Status};
+use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
+
+/// The server's entry in a fabric: withdrawn, and its memory given back two leases later,
+/// when the server drops.
+pub(super) struct Published {
+    fabric: Fabric,
+    entry: u32,
+    extents: [Extent; 3],
+}
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        self.fabric.withdraw(self.entry);
+        for extent in self.extents {
+            self.fabric.free_later(extent);
+        }
+    }
+}
+
+/// Publishes `server` in `fabric` and starts admitting its clients.
+pub(super) fn publish(
+    server: &Arc<ServerState>,
+    fabric: &Fabric,
+    inbox: Arc<Inbox>,
+) -> Result<Published, Status> {
+    let no_extent = || Status::internal("a fabric server's segment has no extent");
+    let replica = server
+        .groups
+        .get(0)
+        .and_then(|g| g.replica.extent())
+        .ok_or_else(no_extent)?;
+    let control = server.control.extent().ok_or_else(no_extent)?;
+    let (mailbox_segment, mailbox_extent) = Place::Fabric(fabric)
+        .segment("netless-mailbox", netless_shm::fabric::UNIT)
+        .map_err(|e| Status::resource_exhausted(format!("cannot make connect slots: {e}")))?;
+    drop(mailbox_segment);
+    let mailbox_extent = mailbox_extent.ok_or_else(no_extent)?;
+    let mut extents = [Extent { offset: 0, len: 0 }; 3];
+    extents[REPLICA_EXTENT] = replica;
+    extents[CONTROL_EXTENT] = control;
+    extents[MAILBOX_EXTENT] = mailbox_extent;
+    let entry = fabric
+        .publish(
+            &server.service,
+            server.config.replica,
+            extents,
+            u64::from(PROTOCOL_VERSION),
+        )
+        .map_err(|e| {
+            fabric.free(mailbox_extent);
+            Status::resource_exhausted(format!("cannot publish service `{}`: {e}", server.service))
+        })?;
+    let mailbox = fabric
+        .mailbox(mailbox_extent)
+        .map_err(|e| Status::internal(e.to_string()))?;
+    let mut admissions = Admissions {
+        server: Arc::downgrade(server),
+        inbox,
+        mailbox,
+        links: Vec::new(),
+        generation: 0,
+        claimed: Vec::new(),
+    };
+    fabric.watch(Box::new(move |fabric| admissions.step(fabric)));
+    Ok(Published {
+        fabric: fabric.clone(),
+        entry,
+        extents,
+    })
+}
+
+/// Admission and the live connections, stepped on the fabric's thread.
+struct Admissions {
+    server: Weak<ServerState>,
+    inbox: Arc<Inbox>,
+    mailbox: Mailbox,
+    links: Vec<Link>,
+    generation: u32,
+    /// Slots seen mid-claim, and since when: a client that died claiming one leaves it so.
+    claimed: Vec<(usize, u64, Instant)>,
+}
+
+impl Admissions {
+    fn step(&mut self, fabric: &Fabric) -> bool {
+        let server = self.server.upgrade();
+        let Some(server) = server.filter(|s| !s.is_stopping()) else {
+            self.stop();
+            return false;
+        };
+        for request in self.mailbox.requests() {
+            self.admit(&server, fabric, request);
+        }
+        let mailbox = self.mailbox;
+        self.links.retain_mut(|link| link.step(fabric, &mailbox));
+        self.free_stale_claims(fabric.lease());
+        true
+    }
+
+    /// The server stops: every client hears so.
+    fn stop(&mut self) {
+        for link in &self.links {
+            self.mailbox.server_gone(
+                link.slot,
+                link.seq,
+                Code::Unavailable as u32,
+                "the service is shutting down",
+            );
+        }
+        self.links.clear();
+    }
+
+    fn free_stale_claims(&mut self, lease: Duration) {
+        let now = Instant::now();
+        let mut still = Vec::new();
+        for slot in 0..self.mailbox.slots() {
+            if let Some((netless_shm::fabric::Phase::Claimed, seq)) = self.mailbox.state(slot) {
+                let since = self
+                    .claimed
+                    .iter()
+                    .find(|c| c.0 == slot && c.1 == seq)
+                    .map_or(now, |c| c.2);
+                if now.duration_since(since) > 2 * lease {
+                    self.mailbox.release(slot, seq);
+                } else {
+                    still.push((slot, seq, since));
+                }
+            }
+        }
+        self.claimed = still;
+    }
+
+    fn admit(&mut self, server: &ServerState, fabric: &Fabric, request: Request) {
+        let (slot, seq) = (request.slot, request.seq);
+        let refuse = |status: Status| {
+            self.mailbox
+                .refuse(slot, seq, status.code() as u32, status.message());
+        };
+        let Some(client) = request.client.filter(|&c| fabric.is_alive(c)) else {
+            // Nobody to tell: the slot is free again.
+            self.mailbox.release(slot, seq);
+            return;
+        };
+        let words = request.words;
+        if words[0] != u64::from(PROTOCOL_VERSION) {
+            return refuse(Status::unavailable(format!(
+                "client speaks netless protocol {}, server {PROTOCOL_VERSION}",
+                words[0]
+            )));
+        }
+        let conn_extent = Extent {
+            offset: words[2],
+            len: words[3],
+        };
+        let max = ConnSegment::max_len(server.config.max_client_ring);
+        if !fabric.is_owned_by(conn_extent, client, max as u64) {
+            return refuse(Status::invalid_argument(format!(
+                "the connection segment the client named is not memory it holds, or is longer \
+                 than the {max} bytes this server maps (its max_client_ring)"
+            )));
+        }
+        let attached = fabric
+            .map(conn_extent)
+            .map_err(|e| e.to_string())
+            .and_then(ConnSegment::attach_segment);
+        let (segment, producer) = match attached {
+            Ok(s) => s,
+            Err(e) => return refuse(Status::invalid_argument(e)),
+        };
+        let (near, far) = match UnixStream::pair() {
+            Ok(pair) => pair,
+            Err(e) => return refuse(Status::resource_exhausted(format!("socketpair: {e}"))),
+        };
+        let _ = far.set_nonblocking(true);
+        self.generation = self.generation.wrapping_add(1);
+        let newcomer = Newcomer {
+            uid: server.owner_uid,
+            peer_pid: 0,
+            segment,
+            producer,
+            client_max: usize::try_from(words[1]).unwrap_or(usize::MAX),
+            by_ref: false,
+            generation: self.generation,
+        };
+        let conn = match install(server, newcomer, &near) {
+            Ok(conn) => conn,
+            Err(status) => return refuse(status),
+        };
+        if let Some(group) = server.group(&conn) {
+            // Put back what a faulty member of the group may have overwritten.
+            group.replica.restore_headers();
+        }
+        let reply = [
+            u64::from(PROTOCOL_VERSION),
+            u64::from(conn.index),
+            u64::from(conn.tag),
+            conn.token,
+            0,
+            0,
+            0,
+            0,
+        ];
+        if !self.mailbox.accept(slot, seq, reply) {
+            server.conns.remove(conn.index);
+            server.count_connection(-1);
+            return;
+        }
+        self.inbox.deliver(conn);
+        self.links.push(Link {
+            slot,
+            seq,
+            client,
+            far,
+            hung_up: false,
+            done: false,
+        });
+    }
+}
+
+/// The server's end of one fabric connection.
+struct Link {
+    slot: usize,
+    seq: u64,
+    client: MemberId,
+    /// The far end of the connection's socket pair.
+    far: UnixStream,
+    /// Whether the client is gone and the connection was hung up.
+    hung_up: bool,
+    /// Whether the server is done with the connection (and said so in the slot).
+    done: bool,
+}
+
+impl Link {
+    /// One tick; `false` once the connection is over on both sides and the slot is free.
+    fn step(&mut self, fabric: &Fabric, mailbox: &Mailbox) -> bool {
+        if !self.hung_up
+            && (mailbox.is_client_gone(self.slot, self.seq) || !fabric.is_alive(self.client))
+        {
+            let _ = self.far.shutdown(std::net::Shutdown::Both);
+            self.hung_up = true;
+        }
+        if !self.done {
+            let mut byte = [0u8; 1];
+            let status = match rustix::net::recv(
+                &self.far,
+                &mut byte,
+                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+            ) {
+                Ok((0, _)) | Err(rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET) => {
+                    Some(Status::unavailable("the service closed the connection"))
+                }
+                Ok(_) => {
+                    let deadline = Instant::now() + Duration::from_millis(10);
+                    match recv_frame_by(&self.far, 0, 64 * 1024, deadline) {
+                        Ok((bytes, _)) => match Frame::decode(&bytes) {
+                            Some(Frame::Goodbye(status)) => Some(status),
+                            _ => Some(Status::unavailable("the service closed the connection")),
+                        },
+                        Err(_) => Some(Status::unavailable("the service closed the connection")),
+                    }
+                }
+                Err(_) => None,
+            };
+            if let Some(status) = status {
+                mailbox.server_gone(self.slot, self.seq, status.code() as u32, status.message());
+                self.done = true;
+            }
+        }
+        if self.done && self.hung_up {
+            mailbox.release(self.slot, self.seq);
+            return false;
+        }
+        true
+    }
+}

@@ -1,0 +1,191 @@
+//! Serving and calling through a memory fabric: processes that share nothing but the region
+//! (no socket directory) find each other in its directory, connect through its connect
+//! slots, and learn of each other's death from its member table.
+
+mod common;
+
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{
+    drain_in_background, role, role_command, sigkill, test_handler, test_wait, wait_for_line,
+};
+use netless::fabric::{Fabric, FabricOptions};
+use netless::{CallOptions, Client, ClientConfig, Code, Server, ServerConfig};
+
+fn region(tag: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "netless-fabric-{}-{tag}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn open(path: &Path) -> Fabric {
+    Fabric::open(
+        path,
+        &FabricOptions {
+            size: 64 << 20,
+            ..FabricOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn server_config(fabric: &Fabric) -> ServerConfig {
+    ServerConfig {
+        workers: 2,
+        wait: test_wait(),
+        fabric: Some(fabric.clone()),
+        ..ServerConfig::default()
+    }
+}
+
+fn client_config(fabric: &Fabric) -> ClientConfig {
+    ClientConfig {
+        wait: test_wait(),
+        fabric: Some(fabric.clone()),
+        ..ClientConfig::default()
+    }
+}
+
+fn opts() -> CallOptions {
+    CallOptions::new().timeout(Duration::from_secs(20))
+}
+
+#[test]
+fn a_client_calls_a_server_through_the_fabric_alone() {
+    let path = region("calls");
+    let (sf, cf) = (open(&path), open(&path));
+    let free = cf.free_bytes();
+    let server = Server::bind("pkg.Echo", server_config(&sf), test_handler).unwrap();
+    assert!(!sf.lookup("pkg.Echo", None).is_empty());
+    let again = Server::bind("pkg.Echo", server_config(&sf), test_handler).unwrap_err();
+    assert_eq!(again.code(), Code::AlreadyExists, "{again}");
+    let client = Client::connect_with("pkg.Echo", client_config(&cf)).unwrap();
+    for size in [0usize, 1, 64, 1000, 70_000, 1 << 20] {
+        let payload: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+        let reply = client.call("Echo", &payload, &opts()).unwrap();
+        assert_eq!(reply.payload, payload, "size {size}");
+    }
+    let err = client.call("Fail", b"", &opts()).unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(server.stats().connections, 1);
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.stats().connections != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped client's connection stayed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(server);
+    assert!(cf.lookup("pkg.Echo", None).is_empty());
+    let missing = Client::connect_with("pkg.Echo", client_config(&cf)).unwrap_err();
+    assert_eq!(missing.code(), Code::Unavailable, "{missing}");
+    assert!(
+        missing.message().contains("not found in the fabric"),
+        "{missing}"
+    );
+    // Everything the server and the client took comes back (two leases after).
+    while cf.free_bytes() != free {
+        assert!(
+            Instant::now() < deadline,
+            "fabric memory was not given back"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+#[ignore = "a child role of the process tests"]
+fn fabric_child() {
+    let Some((role, path, service)) = role() else {
+        return;
+    };
+    let fabric = open(&path);
+    match role.as_str() {
+        "server" => {
+            let _server = Server::bind(&service, server_config(&fabric), test_handler).unwrap();
+            println!("READY");
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        "client" => {
+            let client = Client::connect_with(&service, client_config(&fabric)).unwrap();
+            client.call("Echo", b"x", &opts()).unwrap();
+            println!("READY");
+            std::io::stdout().flush().unwrap();
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn a_killed_server_fails_its_clients_calls_within_the_lease() {
+    let path = region("kill-server");
+    let mut child = role_command("fabric_child", "server", &path, "pkg.Victim")
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    wait_for_line(&mut out, "READY");
+    drain_in_background(out);
+    let fabric = open(&path);
+    let client = Client::connect_with("pkg.Victim", client_config(&fabric)).unwrap();
+    assert_eq!(client.call("Echo", b"hi", &opts()).unwrap().payload, b"hi");
+    sigkill(&child);
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let err = loop {
+        match client.call("Echo", b"hi", &opts()) {
+            Ok(_) => assert!(killed.elapsed() < Duration::from_secs(20), "still answered"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(
+        killed.elapsed() < fabric.lease() + Duration::from_millis(500),
+        "took {:?}",
+        killed.elapsed()
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_killed_client_is_reclaimed() {
+    let path = region("kill-client");
+    let fabric = open(&path);
+    let server = Server::bind("pkg.Host", server_config(&fabric), test_handler).unwrap();
+    let mut child = role_command("fabric_child", "client", &path, "pkg.Host")
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    wait_for_line(&mut out, "READY");
+    drain_in_background(out);
+    assert_eq!(server.stats().connections, 1);
+    sigkill(&child);
+    child.wait().unwrap();
+    let killed = Instant::now();
+    while server.stats().connections != 0 {
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "the dead client stayed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = server.stats();
+    assert_eq!(
+        stats.free_blocks, stats.total_blocks,
+        "blocks held by the dead client"
+    );
+    let _ = std::fs::remove_file(path);
+}
