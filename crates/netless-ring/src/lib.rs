@@ -1,7 +1,8 @@
 //! Lock-free building blocks that live in shared memory: the receive queue a server's
 //! clients enqueue request descriptors into ([`ReceiveQueue`]), the per-connection
 //! response ring ([`ResponseRing`]: [`Producer`] / [`Consumer`]) and the doorbell that
-//! lets a waiter sleep on a shared futex ([`doorbell`]).
+//! lets a waiter sleep on a shared futex ([`doorbell`]); and, for memory shared without
+//! hardware cache coherence, the [`polled`] ring.
 //!
 //! Everything here operates on memory the caller provides (a region of a mapped segment)
 //! and knows nothing about RPC. Every word in that memory may have been written by a
@@ -22,6 +23,9 @@
 pub mod doorbell;
 mod futex;
 pub mod layout;
+// Works through `netless_shm::coherence` views of real mappings: not modelled under loom.
+#[cfg(not(loom))]
+pub mod polled;
 pub mod prefetch;
 pub mod receive_queue;
 pub mod spsc;

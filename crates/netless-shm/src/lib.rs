@@ -1,7 +1,8 @@
 //! The OS layer of netless: sealed `memfd` segments, file-descriptor passing over Unix
 //! sockets, peer credentials and ACLs, the checked socket directory and the one server per
 //! name in it, liveness tokens, process-shared futexes, CPU pinning, the host-wide monotonic
-//! clock, and bulk copies that stay fast at every alignment.
+//! clock, bulk copies that stay fast at every alignment, and views of regions shared without
+//! hardware cache coherence ([`coherence`]).
 //!
 //! This crate owns every system call netless makes for its shared-memory transport and
 //! exposes them as safe functions. It never interprets the bytes inside a segment: rings,
@@ -26,6 +27,8 @@ compile_error!("netless-shm supports Linux only (memfd, SCM_RIGHTS, SO_PEERCRED,
 
 mod affinity;
 mod clock;
+// Raw pointers into a mapping and real atomics: not modelled under loom.
+#[cfg(not(loom))]
 pub mod coherence;
 pub mod copy;
 mod error;
@@ -42,6 +45,8 @@ pub mod sync;
 
 pub use affinity::{allowed_cpus, available_cpus, pin_current_thread, pin_current_thread_to};
 pub use clock::{instant_to_monotonic_ns, monotonic_ns, monotonic_ns_to_instant};
+#[cfg(not(loom))]
+pub use coherence::{Coherence, View, ViewError};
 pub use error::Error;
 pub use fdpass::{recv_frame, recv_frame_by, send_frame, send_frame_by, MAX_FDS, MAX_FRAME};
 pub use futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
