@@ -3,8 +3,8 @@
 //! the socket directory, which each sees bind-mounted at a path of its own (`NETLESS_DIR`).
 //! Calls go through; killing either side by SIGKILL makes the survivor's calls fail with
 //! UNAVAILABLE, or frees the dead client's connection; with both in one page-pool domain
-//! (its socket in the same directory), Refs cross between the containers with copy-on-write,
-//! and every pool page the dead side held comes back.
+//! (its socket in the same directory), large payloads pass by reference, Refs cross between
+//! the containers with copy-on-write, and every pool page the dead side held comes back.
 //!
 //! Making a container needs root: without it the tests say `SKIPPED:` and pass. The peers
 //! are this test binary again, running only `container_peer`, driven by line commands.
@@ -485,9 +485,10 @@ fn containers_in_one_domain_share_pool_pages_with_copy_on_write() {
     for len in [100, 3 * 4096 + 5, LARGE] {
         client.ok(&format!("scribble {len}"));
     }
-    // A large payload: the client and the server cannot tell each other apart from other
-    // processes across pid namespaces, so it goes by value.
-    assert_eq!(client.ok(&format!("digest {LARGE}")), "0");
+    // A large payload goes by reference: the client proved its membership to the server,
+    // with no pid that either could make sense of.
+    assert_eq!(client.ok(&format!("digest {LARGE}")), LARGE.to_string());
+    assert_eq!(client.ok("digest 1000"), "0", "a small one by value");
 }
 
 #[test]
@@ -512,6 +513,7 @@ fn a_dead_containers_pool_pages_come_back_and_its_peer_sees_it_die() {
     let mut client = Container::start(&shared, "elsewhere", "client", true).unwrap();
     client.ok(&format!("hold {LARGE}"));
     assert_eq!(client.ok("echo 1000"), "0");
+    assert_eq!(client.ok(&format!("digest {LARGE}")), LARGE.to_string());
     assert!(server.pool(1).2 > 0, "the server holds pages");
     client.send("slow");
     std::thread::sleep(Duration::from_millis(300));
