@@ -289,7 +289,8 @@ impl Domain {
 
     /// Whether process `pid`, as this process sees it (the pid `SO_PEERCRED` reports, in
     /// this process's pid namespace), is a live member of this domain. A member of another
-    /// pid namespace is never found this way: its pid means another process here.
+    /// pid namespace is never found this way: its pid means another process here (a peer
+    /// proves its membership in any namespace with [`Domain::verify_member`]).
     pub fn has_member(&self, pid: u32) -> bool {
         let m = &self.membership;
         crate::members::has_live_pid(&m.map, &m.tokens, m.member, pid, m.pid_ns)

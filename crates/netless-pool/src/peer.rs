@@ -12,6 +12,10 @@
 //! passed one must be it. The passed file must be the domain's `members` file (same device
 //! and inode), and the row must stay ALIVE in the claimed generation throughout.
 //!
+//! Every member writes the member table, so a member can still claim another's row by
+//! writing its own token there: the proof tells the domain's processes from the others (who
+//! hold no open file of `members`), not members from each other, who share one trust group.
+//!
 //! The receiver holds the passed file only while it checks it: a peer's open file kept
 //! open would keep the peer's token held after it dies. This module never talks on a socket
 //! (the caller passes the file) and never decides what a proven member may do.
