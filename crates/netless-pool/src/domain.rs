@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::coordinator::Link;
 use crate::layout::{PoolGeometry, PoolMap, PAGE_SIZE};
 use crate::members::Tokens;
+use crate::peer::Creator;
 use crate::{pages, PoolError, Ref, SharedBuf};
 
 mod page_ledger;
@@ -121,7 +122,7 @@ pub(crate) struct Membership {
     pub(crate) name: String,
     /// The members file, on which this process holds its liveness token for as long as the
     /// membership lasts, and through which it asks after the others'.
-    tokens: Tokens,
+    pub(crate) tokens: Tokens,
     /// This process's pid namespace, as its row records it.
     pid_ns: u64,
     holdings: Mutex<Holdings>,
@@ -281,14 +282,15 @@ impl Domain {
     /// # Errors
     /// As [`Domain::map`], and [`PoolError::InvalidRef`] if another process created it.
     pub fn map_from(&self, r: &Ref, pid: u32) -> Result<SharedBuf, PoolError> {
-        let from = (pid, self.membership.pid_ns);
+        let from = Creator::Pid(pid, self.membership.pid_ns);
         let pages = self.membership.map_ref(r, Some(from))?;
         Ok(SharedBuf::new(self.clone(), pages, r.len()))
     }
 
     /// Whether process `pid`, as this process sees it (the pid `SO_PEERCRED` reports, in
     /// this process's pid namespace), is a live member of this domain. A member of another
-    /// pid namespace is never found this way: its pid means another process here.
+    /// pid namespace is never found this way: its pid means another process here (a peer
+    /// proves its membership in any namespace with [`Domain::verify_member`]).
     pub fn has_member(&self, pid: u32) -> bool {
         let m = &self.membership;
         crate::members::has_live_pid(&m.map, &m.tokens, m.member, pid, m.pid_ns)
@@ -419,9 +421,9 @@ impl Membership {
             .create(&mut holdings.ledger, data_pages, len)
     }
 
-    /// Maps a Ref (created by process `from`, a pid and its pid namespace, if given): its
-    /// slot is validated without the lock, then taken under it.
-    pub(crate) fn map_ref(&self, r: &Ref, from: Option<(u32, u64)>) -> Result<Vec<u32>, PoolError> {
+    /// Maps a Ref (created by `from`, if given): its slot is validated without the lock, then
+    /// taken under it.
+    pub(crate) fn map_ref(&self, r: &Ref, from: Option<Creator>) -> Result<Vec<u32>, PoolError> {
         let slot = ValidatedSlot::read(&self.map, r, from)?;
         let pages = slot.take(&mut self.holdings().ledger)?;
         self.row().refs_mapped.fetch_add(1, Ordering::Relaxed);

@@ -40,12 +40,14 @@ pub mod fuzzing;
 mod layout;
 mod members;
 mod pages;
+mod peer;
 mod refs;
 
 pub use buf::SharedBuf;
 pub use domain::{Domain, DomainConfig, PoolStats, RAddr, MAX_LOCAL_REFS};
 pub use error::PoolError;
 pub use layout::{PoolGeometry, MAX_MEMBERS, MAX_REF_BYTES, PAGE_SIZE};
+pub use peer::{MemberClaim, PeerMember};
 pub use refs::Ref;
 
 impl Domain {

@@ -17,7 +17,8 @@
 //! socket to the coordinator hung up, which is gone whatever covers its token. A row also
 //! names its process
 //! as the process sees itself (its pid and pid namespace), so that a server can tell which
-//! member a socket's peer is, in the namespace both share.
+//! member a socket's peer is, in the namespace both share (in any namespace, the peer proves
+//! it with its open file of `members`: `peer`).
 //!
 //! This module never talks on a socket or decides who may join (the coordinator does), and
 //! never touches a live member's private ledger of page uses (`domain` does); it frees pages

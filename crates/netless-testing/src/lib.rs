@@ -22,7 +22,7 @@ use serde_json::Value;
 
 mod namespace;
 
-pub use namespace::{in_new_pid_namespace, pid_namespace};
+pub use namespace::{in_container, in_new_pid_namespace, pid_namespace};
 
 /// How long a short command (ping, stat, ctl, a usage error) may take before it counts as hung.
 pub const SHORT: Duration = Duration::from_secs(30);

@@ -618,13 +618,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             version: PROTOCOL_VERSION,
             max_message: 4 << 20,
             domain: 0x0102_0304_0506_0708,
+            member: 5,
+            generation: 9,
         },
         Frame::Welcome {
             version: PROTOCOL_VERSION,
             conn_index: 3,
             tag: 0x0001_0004,
             token: 0xfeed_f00d_dead_beef,
-            domain: 0,
+            domain: 0x0102_0304_0506_0708,
+            by_ref: true,
         },
         Frame::Reject(Status::new(
             Code::PermissionDenied,

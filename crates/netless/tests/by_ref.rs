@@ -1,6 +1,6 @@
 //! Pass by reference on the raw path: a client and a server process in one page-pool domain
-//! send large payloads as Refs, invisibly to both; outside a shared domain, or across pid
-//! namespaces, they go by value.
+//! send large payloads as Refs, invisibly to both, whatever pid namespace each lives in;
+//! outside a shared domain they go by value.
 
 mod common;
 
@@ -139,7 +139,7 @@ fn different_domains_fall_back_to_by_value() {
 }
 
 #[test]
-fn a_server_in_another_pid_namespace_gets_large_payloads_by_value() {
+fn a_server_in_another_pid_namespace_gets_large_payloads_by_reference() {
     if rustix::process::geteuid().as_raw() != 0 {
         eprintln!("SKIPPED: creating a pid namespace needs root");
         return;
@@ -147,8 +147,8 @@ fn a_server_in_another_pid_namespace_gets_large_payloads_by_value() {
     let dir = TestDir::new("byns");
     let service = "test.ByNs";
     let domain = Domain::join(&domain_config(dir.path(), "d2")).unwrap();
-    // The server, in the same domain, runs as pid 1 of a pid namespace of its own: it knows
-    // members by the pid its socket reports, and ours means nothing there.
+    // The server, in the same domain, runs as pid 1 of a pid namespace of its own: the pid
+    // its socket reports means nothing there, but our proof of membership does.
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "--exact",
@@ -182,11 +182,13 @@ fn a_server_in_another_pid_namespace_gets_large_payloads_by_value() {
     let opts = CallOptions::new().timeout(Duration::from_secs(20));
     let reply = client.call("Digest", &payload, &opts).unwrap();
     assert_eq!(reply.payload, expected(&payload));
+    let s = domain.stats();
     assert_eq!(
-        domain.stats().bytes_copied,
-        0,
-        "nothing went through the pool"
+        s.bytes_copied,
+        payload.len() as u64,
+        "the payload went through the pool"
     );
+    assert_eq!(s.outstanding_refs, 0, "the server mapped its Ref");
     drop(client);
     drop(child.stdin.take());
     let _ = out.read_to_end(&mut Vec::new());

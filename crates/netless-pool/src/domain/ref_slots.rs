@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::layout::{
-    member_state, slot_parts, slot_state, slot_word, MemberRow, PoolMap, RefSlot, MAX_REF_BYTES,
-    PAGE_SIZE, SLOT_TABLES, TABLE_ENTRIES,
+    slot_parts, slot_state, slot_word, MemberRow, PoolMap, RefSlot, MAX_REF_BYTES, PAGE_SIZE,
+    SLOT_TABLES, TABLE_ENTRIES,
 };
+use crate::peer::Creator;
 use crate::{pages, PoolError, Ref};
 
 use super::PageLedger;
@@ -295,12 +296,12 @@ pub(super) struct ValidatedSlot<'pool> {
 
 impl<'pool> ValidatedSlot<'pool> {
     /// Reads the slot of `r` and validates every word of it: its domain, its creator (who
-    /// must be process `from`, a pid in its pid namespace, if given), its generation and state, its lengths, and that
+    /// must be `from`, if given), its generation and state, its lengths, and that
     /// the creator holds each listed page.
     pub(super) fn read(
         map: &'pool PoolMap,
         r: &Ref,
-        from: Option<(u32, u64)>,
+        from: Option<Creator>,
     ) -> Result<ValidatedSlot<'pool>, PoolError> {
         if r.domain != map.domain_id() {
             return Err(PoolError::ForeignRef {
@@ -319,16 +320,11 @@ impl<'pool> ValidatedSlot<'pool> {
                 "its slot names creator {creator}, beyond the member table"
             )));
         }
-        if let Some((pid, pid_ns)) = from {
-            let row = &map.members()[creator];
-            if row.pid.load(Ordering::Acquire) != pid
-                || row.pid_ns.load(Ordering::Acquire) != pid_ns
-                || pid_ns == 0
-                || row.state.load(Ordering::Acquire) & 0xff != member_state::ALIVE
-            {
-                return Err(PoolError::InvalidRef(format!(
-                    "it was not created by the sending process (pid {pid})"
-                )));
+        if let Some(from) = from {
+            if !from.is(&map.members()[creator], creator) {
+                return Err(PoolError::InvalidRef(
+                    "it was not created by the sending process".to_owned(),
+                ));
             }
         }
         if generation != r.generation || state != slot_state::READY {

@@ -7,13 +7,13 @@
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use netless_shm::{peer_cred, recv_frame_by, send_frame, PeerCred, SocketDir};
+use netless_shm::{peer_cred, recv_frame_by, send_frame, SocketDir};
 
 use super::connection::Handshaken;
 use crate::config::ClientConfig;
 use crate::segment::{ConnSegment, ControlSegment, ReplicaSegment};
 use crate::status::{Code, Status};
-use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
+use crate::wire::handshake::{Frame, NO_MEMBER, PROTOCOL_VERSION};
 use crate::wire::header::HEADER_LEN;
 
 /// Longest handshake frame read from a server (a `Reject` carries a status message).
@@ -43,7 +43,7 @@ pub(super) fn handshake(
             )))
         }
     };
-    let server = check_server(service, &path, dir, &socket, &config)?;
+    check_server(service, &path, dir, &socket, &config)?;
     let timeout = Some(config.connect_timeout);
     let io = |e: std::io::Error| Status::unavailable(format!("connecting to `{service}`: {e}"));
     socket.set_read_timeout(timeout).map_err(io)?;
@@ -68,26 +68,34 @@ pub(super) fn handshake(
             )))
         }
     }
+    // A member of a domain claims its row, and proves it with the open file its liveness
+    // token is held on: the server maps our Refs only if it checks out.
+    let claim = config.domain.as_ref().and_then(|d| d.member_claim());
+    let mut fds = vec![segment.segment().fd()];
+    fds.extend(claim.map(|(_, file)| file));
     send_frame(
         &socket,
         &Frame::Hello {
             version: PROTOCOL_VERSION,
             max_message: u32::try_from(config.max_message).unwrap_or(u32::MAX),
             domain: config.domain.as_ref().map_or(0, |d| d.id()),
+            member: claim.map_or(NO_MEMBER, |(c, _)| c.member),
+            generation: claim.map_or(0, |(c, _)| c.generation),
         }
         .encode(),
-        &[segment.segment().fd()],
+        &fds,
     )
     .map_err(hs)?;
     let (bytes, fds) = recv_frame_by(&socket, 2, MAX_HANDSHAKE_FRAME, deadline).map_err(hs)?;
-    let (conn_index, tag, token, server_domain) = match Frame::decode(&bytes) {
+    let (conn_index, tag, token, server_domain, by_ref) = match Frame::decode(&bytes) {
         Some(Frame::Welcome {
             version,
             conn_index,
             tag,
             token,
             domain,
-        }) if version == PROTOCOL_VERSION => (conn_index, tag, token, domain),
+            by_ref,
+        }) if version == PROTOCOL_VERSION => (conn_index, tag, token, domain, by_ref),
         Some(Frame::Welcome { version, .. }) => {
             return Err(Status::unavailable(format!(
             "service `{service}` speaks netless protocol {version}, this client {PROTOCOL_VERSION}"
@@ -111,14 +119,13 @@ pub(super) fn handshake(
     socket.set_write_timeout(None).map_err(io)?;
 
     let fragment_body = fragment_body(service, &replica)?;
-    // Pass by reference only when both sides map the same pool, and the server is a member
-    // we see in our own pid namespace: only then does the server see us as one (it knows
-    // members by the pid its socket reports), and accept our Refs.
-    let pool = config.domain.clone().filter(|d| {
-        server_domain != 0
-            && d.id() == server_domain
-            && u32::try_from(server.pid).is_ok_and(|pid| d.has_member(pid))
-    });
+    // Pass by reference only when both sides map the same pool and the server says it
+    // maps our Refs (it checked our member claim). A server that says so falsely only
+    // fails our calls, which it could anyway: a Ref is of use to members alone.
+    let pool = config
+        .domain
+        .clone()
+        .filter(|d| by_ref && server_domain != 0 && d.id() == server_domain);
     Ok(Handshaken {
         service: service.to_string(),
         dir: dir.path().to_owned(),
@@ -137,14 +144,14 @@ pub(super) fn handshake(
 
 /// Checks that the process serving `path` runs as the uid this client expects (the socket's
 /// `SO_PEERCRED`, recorded by the kernel when the server started listening), before
-/// anything is sent to it; returns its credentials.
+/// anything is sent to it.
 fn check_server(
     service: &str,
     path: &Path,
     dir: &SocketDir,
     socket: &UnixStream,
     config: &ClientConfig,
-) -> Result<PeerCred, Status> {
+) -> Result<(), Status> {
     let server = peer_cred(socket)
         .map_err(|e| Status::unavailable(format!("connecting to `{service}`: {e}")))?;
     let (expected, why) = match config.expect_server_uid {
@@ -164,7 +171,7 @@ fn check_server(
             ),
         ));
     }
-    Ok(server)
+    Ok(())
 }
 
 /// The most body bytes one fragment of a request to `replica` carries.

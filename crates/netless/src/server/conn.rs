@@ -53,10 +53,9 @@ pub(super) struct Conn {
     pub(super) limits: RecordLimits,
     /// It sent a compact batch, so it reads `RESPONSE_BATCH` records (it is a `Pipeline`).
     pub(super) pipelined: AtomicBool,
-    /// The client shares our page-pool domain: its payloads may arrive as Refs.
-    pub(super) by_ref: bool,
-    /// The client's pid (`SO_PEERCRED`): it may send only Refs it created.
-    pub(super) peer_pid: u32,
+    /// The member of our page-pool domain the client proved to be, if any: its payloads may
+    /// then arrive as Refs, only ones it created.
+    pub(super) peer_member: Option<netless_pool::PeerMember>,
 }
 
 /// What the handshake settled for a new connection.
@@ -71,8 +70,7 @@ pub(super) struct Admitted {
     pub(super) socket: UnixStream,
     /// The largest response body the client accepts (from its `Hello`).
     pub(super) client_max: usize,
-    pub(super) by_ref: bool,
-    pub(super) peer_pid: u32,
+    pub(super) peer_member: Option<netless_pool::PeerMember>,
 }
 
 /// Replies that found the connection's response ring full, in order, waiting for room.
@@ -129,8 +127,7 @@ impl Conn {
             dead: AtomicBool::new(false),
             partials: Mutex::new(HashMap::new()),
             backlog: Mutex::new(Backlog::default()),
-            by_ref: a.by_ref,
-            peer_pid: a.peer_pid,
+            peer_member: a.peer_member,
         }
     }
 

@@ -200,11 +200,10 @@ impl Admissions {
         self.generation = self.generation.wrapping_add(1);
         let newcomer = Newcomer {
             uid: server.owner_uid,
-            peer_pid: 0,
             segment,
             producer,
             client_max: usize::try_from(words[1]).unwrap_or(usize::MAX),
-            by_ref: false,
+            peer_member: None,
             generation: self.generation,
         };
         let conn = match install(server, newcomer, &near) {

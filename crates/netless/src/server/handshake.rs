@@ -3,7 +3,8 @@
 //! all) holds up no one else's admission, no hang-up and no reclaiming.
 //!
 //! `SO_PEERCRED` is checked against the ACL before anything is read or any fd is passed;
-//! then `Greeting` out, `Hello` with the client's connection segment in, a slot in the
+//! then `Greeting` out, `Hello` with the client's connection segment (and a member's proof
+//! of its page-pool membership, checked here) in, a slot in the
 //! connection table, and `Welcome` out with the replica segment of the client's trust group
 //! (its uid's, made now if it is the first) and the read-only control segment
 //! (`wire::handshake`). The acceptor starts at most [`MAX_HANDSHAKES`] at once and refuses
@@ -24,7 +25,8 @@ use crate::segment::layout::conn_tag;
 use crate::segment::ConnSegment;
 use crate::status::{Code, Status};
 use crate::sync::Ordering;
-use crate::wire::handshake::{Frame, HELLO_LEN, PROTOCOL_VERSION};
+use crate::wire::handshake::{Frame, HELLO_LEN, NO_MEMBER, PROTOCOL_VERSION};
+use netless_pool::MemberClaim;
 
 /// Most handshakes in progress at once; a client arriving beyond them is refused at once
 /// with `RESOURCE_EXHAUSTED` (and may retry).
@@ -182,8 +184,8 @@ fn admit(
     let _ = socket.set_nonblocking(false);
     // The ACL is checked before anything is read or any fd is passed.
     let acl = &server.config.acl;
-    let (peer_pid, uid) = match peer_cred(socket) {
-        Ok(cred) if acl.allows(&cred) => (cred.pid.max(0) as u32, cred.uid),
+    let uid = match peer_cred(socket) {
+        Ok(cred) if acl.allows(&cred) => cred.uid,
         Ok(cred) => {
             // Who else is admitted is the owner's business: the log says, the peer does not.
             tracing::info!(
@@ -213,13 +215,19 @@ fn admit(
         version: PROTOCOL_VERSION,
     };
     send_frame_by(socket, &greeting.encode(), &[], deadline).ok()?;
-    let (bytes, mut fds) = recv_frame_by(socket, 1, HELLO_LEN, deadline).ok()?;
-    let (client_max, client_domain) = match Frame::decode(&bytes) {
+    let (bytes, fds) = recv_frame_by(socket, 2, HELLO_LEN, deadline).ok()?;
+    let (client_max, client_domain, claim) = match Frame::decode(&bytes) {
         Some(Frame::Hello {
             version,
             max_message,
             domain,
-        }) if version == PROTOCOL_VERSION => (max_message as usize, domain),
+            member,
+            generation,
+        }) if version == PROTOCOL_VERSION => (
+            max_message as usize,
+            domain,
+            (member != NO_MEMBER).then_some(MemberClaim { member, generation }),
+        ),
         Some(Frame::Hello { version, .. }) => {
             let status = Status::unavailable(format!(
                 "client speaks netless protocol {version}, server {PROTOCOL_VERSION}"
@@ -234,29 +242,30 @@ fn admit(
             )
         }
     };
-    let Some(fd) = fds.pop() else {
+    let mut fds = fds.into_iter();
+    let Some(fd) = fds.next() else {
         let status = Status::invalid_argument("the hello carried no connection segment");
         return refuse(socket, status, deadline);
+    };
+    // Refs only from a process that proves it is the member it claims to be (the open file
+    // its liveness token is held on, checked and closed here), and only its own Refs.
+    let peer_member = match (&server.config.domain, claim, fds.next()) {
+        (Some(domain), Some(claim), Some(file)) if client_domain == server.domain_id() => {
+            domain.verify_member(claim, file)
+        }
+        _ => None,
     };
     let (segment, producer) = match ConnSegment::attach(fd, server.config.max_client_ring) {
         Ok(s) => s,
         Err(e) => return refuse(socket, Status::invalid_argument(e), deadline),
     };
-    let by_ref = client_domain != 0
-        && client_domain == server.domain_id()
-        && server
-            .config
-            .domain
-            .as_ref()
-            .is_some_and(|d| d.has_member(peer_pid));
     let socket = handshaking.0.take()?;
     let newcomer = Newcomer {
         uid,
-        peer_pid,
         segment,
         producer,
         client_max,
-        by_ref,
+        peer_member,
         generation,
     };
     let conn = match install(server, newcomer, &socket) {
@@ -269,6 +278,7 @@ fn admit(
         tag: conn.tag,
         token: conn.token,
         domain: server.domain_id(),
+        by_ref: conn.peer_member.is_some(),
     };
     let sent = match (server.group(&conn), server.control.fd()) {
         (Some(group), Some(control)) => {
@@ -293,11 +303,11 @@ fn admit(
 /// What a handshake learnt of a client it is about to admit.
 pub(super) struct Newcomer {
     pub(super) uid: u32,
-    pub(super) peer_pid: u32,
     pub(super) segment: ConnSegment,
     pub(super) producer: netless_ring::Producer<'static>,
     pub(super) client_max: usize,
-    pub(super) by_ref: bool,
+    /// The pool member the client proved it is, if it did: Refs are taken from it alone.
+    pub(super) peer_member: Option<netless_pool::PeerMember>,
     pub(super) generation: u32,
 }
 
@@ -362,10 +372,7 @@ pub(super) fn install(
                 Status::resource_exhausted(format!("cannot keep the client's socket: {e}"))
             })?,
             client_max: n.client_max,
-            // Refs only from a process the domain itself admitted (checked against the
-            // domain's member table, not the id the client claims), and only its own.
-            by_ref: n.by_ref,
-            peer_pid: n.peer_pid,
+            peer_member: n.peer_member,
         }));
         server.conns.install(&conn);
         // Counted before the client hears it is connected, so stats read after its

@@ -213,8 +213,8 @@ impl ServerState {
         conn: &Conn,
         bytes: &[u8],
     ) -> Result<netless_pool::SharedBuf, Status> {
-        let domain = match &self.config.domain {
-            Some(d) if conn.by_ref => d,
+        let (domain, peer) = match (&self.config.domain, &conn.peer_member) {
+            (Some(d), Some(peer)) => (d, peer),
             _ => {
                 return Err(Status::invalid_argument(
                     "the request's payload is a Ref, but this connection shares no page-pool \
@@ -230,7 +230,7 @@ impl ServerState {
                 self.config.max_message
             )));
         }
-        Ok(domain.map_from(&r, conn.peer_pid)?)
+        Ok(domain.map_from_member(&r, peer)?)
     }
 
     /// Bytes of receive buffer provisioned for the current connections (see

@@ -4,9 +4,12 @@
 //! Server → client: `Greeting` once `SO_PEERCRED` passed the ACL, or `Reject` with a status
 //! (so no fd crosses in either direction before the ACL check, and a refused client reads
 //! the reason instead of a reset).
-//! Client → server: `Hello` with the client's connection segment (its response ring).
+//! Client → server: `Hello` with the client's connection segment (its response ring), and,
+//! from a member of a page-pool domain, its claim to its member row with the open file that
+//! proves it (`netless_pool::Domain::member_claim`).
 //! Server → client: `Welcome` with two fds, the replica segment of the client's trust group
-//! and the server's control segment (read-only), or `Reject` with a status.
+//! and the server's control segment (read-only), and whether the connection passes payloads
+//! by reference; or `Reject` with a status.
 //! Afterwards the socket stays open and silent: its hang-up is each side's death notice; the
 //! server may send one `Goodbye` (a status saying why) before it closes a connection.
 //! Decoding refuses anything malformed; it never panics.
@@ -15,7 +18,7 @@ use crate::status::{Code, Status};
 
 const HELLO: u8 = 1;
 /// Bytes of an encoded `Hello` (a server reads no longer frame from a client).
-pub(crate) const HELLO_LEN: usize = 17;
+pub(crate) const HELLO_LEN: usize = 25;
 const WELCOME: u8 = 2;
 const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
@@ -27,8 +30,11 @@ const GREETING: u8 = 5;
 /// 8: compact request and reply headers are 8 bytes (a 32-bit call id), on 8-byte
 /// boundaries. 9: a run may start with a 32-byte `ShortHeader` (`kind::REQUEST_SHORT`),
 /// which protocol 8 servers would refuse as an unknown kind. 10: `Welcome` carries a
-/// replica segment per trust group and a read-only control segment.
-pub(crate) const PROTOCOL_VERSION: u32 = 10;
+/// replica segment per trust group and a read-only control segment. 11: `Hello` carries
+/// the client's member claim and `Welcome` whether Refs may pass (no pid decides it).
+pub(crate) const PROTOCOL_VERSION: u32 = 11;
+/// `Hello::member` of a client that claims no member row.
+pub(crate) const NO_MEMBER: u32 = u32::MAX;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +50,10 @@ pub(crate) enum Frame {
         /// The id of the page-pool domain the client belongs to (0: none). When the
         /// server's is the same, large payloads may travel as Refs.
         domain: u64,
+        /// The client's member row in that domain ([`NO_MEMBER`]: none) and its generation,
+        /// proved by the open file sent with the frame.
+        member: u32,
+        generation: u32,
     },
     Welcome {
         version: u32,
@@ -52,6 +62,8 @@ pub(crate) enum Frame {
         token: u64,
         /// The server's domain id (0: none).
         domain: u64,
+        /// The server maps this client's Refs: it proved its membership of that domain.
+        by_ref: bool,
     },
     Reject(Status),
     Goodbye(Status),
@@ -65,11 +77,15 @@ impl Frame {
                 version,
                 max_message,
                 domain,
+                member,
+                generation,
             } => {
                 out.push(HELLO);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&max_message.to_le_bytes());
                 out.extend_from_slice(&domain.to_le_bytes());
+                out.extend_from_slice(&member.to_le_bytes());
+                out.extend_from_slice(&generation.to_le_bytes());
             }
             Frame::Greeting { version } => {
                 out.push(GREETING);
@@ -81,6 +97,7 @@ impl Frame {
                 tag,
                 token,
                 domain,
+                by_ref,
             } => {
                 out.push(WELCOME);
                 out.extend_from_slice(&version.to_le_bytes());
@@ -88,6 +105,7 @@ impl Frame {
                 out.extend_from_slice(&tag.to_le_bytes());
                 out.extend_from_slice(&token.to_le_bytes());
                 out.extend_from_slice(&domain.to_le_bytes());
+                out.push(u8::from(*by_ref));
             }
             Frame::Reject(status) | Frame::Goodbye(status) => {
                 out.push(if matches!(self, Frame::Reject(_)) {
@@ -111,17 +129,20 @@ impl Frame {
             GREETING if rest.len() == 4 => Some(Frame::Greeting {
                 version: u32_at(0)?,
             }),
-            HELLO if rest.len() == 16 => Some(Frame::Hello {
+            HELLO if rest.len() == HELLO_LEN - 1 => Some(Frame::Hello {
                 version: u32_at(0)?,
                 max_message: u32_at(4)?,
                 domain: u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?),
+                member: u32_at(16)?,
+                generation: u32_at(20)?,
             }),
-            WELCOME if rest.len() == 28 => Some(Frame::Welcome {
+            WELCOME if rest.len() == 29 && rest[28] <= 1 => Some(Frame::Welcome {
                 version: u32_at(0)?,
                 conn_index: u32_at(4)?,
                 tag: u32_at(8)?,
                 token: u64::from_le_bytes(rest.get(12..20)?.try_into().ok()?),
                 domain: u64::from_le_bytes(rest.get(20..28)?.try_into().ok()?),
+                by_ref: rest[28] == 1,
             }),
             REJECT | GOODBYE if rest.len() >= 2 => {
                 let code = Code::from_u16(u16::from_le_bytes([rest[0], rest[1]]))?;
@@ -149,6 +170,8 @@ mod tests {
                 version: 1,
                 max_message: 4 << 20,
                 domain: 7,
+                member: 3,
+                generation: 12,
             },
             Frame::Greeting { version: 1 },
             Frame::Welcome {
@@ -157,6 +180,7 @@ mod tests {
                 tag: 9,
                 token: u64::MAX,
                 domain: 0,
+                by_ref: true,
             },
             Frame::Reject(Status::new(Code::PermissionDenied, "no")),
             Frame::Goodbye(Status::new(Code::Unavailable, "bye")),
