@@ -58,7 +58,7 @@ pub mod fabric {
     //! # std::fs::remove_file(path).ok();
     //! # Ok::<(), Box<dyn std::error::Error>>(())
     //! ```
-    pub use netless_shm::coherence::Coherence;
+    pub use netless_shm::coherence::{Coherence, Faults};
     pub use netless_shm::fabric::{Fabric, FabricOptions, DEFAULT_LEASE, DEFAULT_SIZE};
 }
 mod client;
@@ -73,6 +73,7 @@ pub mod fault;
 #[doc(hidden)]
 pub mod fuzzing;
 mod pipeline;
+mod polled;
 mod segment;
 mod server;
 mod slo;

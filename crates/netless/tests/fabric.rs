@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{
     drain_in_background, role, role_command, sigkill, test_handler, test_wait, wait_for_line,
 };
-use netless::fabric::{Fabric, FabricOptions};
+use netless::fabric::{Coherence, Fabric, FabricOptions, Faults};
 use netless::{CallOptions, Client, ClientConfig, Code, Server, ServerConfig};
 
 fn region(tag: &str) -> PathBuf {
@@ -25,11 +25,27 @@ fn region(tag: &str) -> PathBuf {
     path
 }
 
+/// Env var telling a child which coherence its region has (and to emulate it).
+const COHERENCE: &str = "NETLESS_TEST_COHERENCE";
+
 fn open(path: &Path) -> Fabric {
+    let software = std::env::var(COHERENCE).is_ok_and(|c| c == "software");
+    open_as(path, software, None)
+}
+
+/// A member of the region at `path`; in a software-coherent region it works through the
+/// non-coherent emulator, leaving out what `faults` names.
+fn open_as(path: &Path, software: bool, faults: Option<Faults>) -> Fabric {
     Fabric::open(
         path,
         &FabricOptions {
             size: 64 << 20,
+            coherence: if software {
+                Coherence::Software
+            } else {
+                Coherence::Hardware
+            },
+            emulation: software.then(|| faults.unwrap_or_default()),
             ..FabricOptions::default()
         },
     )
@@ -59,8 +75,20 @@ fn opts() -> CallOptions {
 
 #[test]
 fn a_client_calls_a_server_through_the_fabric_alone() {
+    calls_through_the_fabric_alone(false);
+}
+
+#[test]
+fn a_client_calls_a_server_through_a_software_coherent_fabric_alone() {
+    calls_through_the_fabric_alone(true);
+}
+
+fn calls_through_the_fabric_alone(software: bool) {
     let path = region("calls");
-    let (sf, cf) = (open(&path), open(&path));
+    let (sf, cf) = (
+        open_as(&path, software, None),
+        open_as(&path, software, None),
+    );
     let free = cf.free_bytes();
     let server = Server::bind("pkg.Echo", server_config(&sf), test_handler).unwrap();
     assert!(!sf.lookup("pkg.Echo", None).is_empty());
@@ -132,14 +160,24 @@ fn fabric_child() {
 
 #[test]
 fn a_killed_server_fails_its_clients_calls_within_the_lease() {
+    killed_server(false);
+}
+
+#[test]
+fn a_killed_server_fails_software_coherent_calls_within_the_lease() {
+    killed_server(true);
+}
+
+fn killed_server(software: bool) {
     let path = region("kill-server");
     let mut child = role_command("fabric_child", "server", &path, "pkg.Victim")
+        .env(COHERENCE, if software { "software" } else { "hardware" })
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     wait_for_line(&mut out, "READY");
     drain_in_background(out);
-    let fabric = open(&path);
+    let fabric = open_as(&path, software, None);
     let client = Client::connect_with("pkg.Victim", client_config(&fabric)).unwrap();
     assert_eq!(client.call("Echo", b"hi", &opts()).unwrap().payload, b"hi");
     sigkill(&child);
@@ -162,10 +200,23 @@ fn a_killed_server_fails_its_clients_calls_within_the_lease() {
 
 #[test]
 fn a_killed_client_is_reclaimed() {
+    killed_client(false);
+}
+
+#[test]
+fn a_killed_software_coherent_client_is_reclaimed() {
+    killed_client(true);
+}
+
+fn killed_client(software: bool) {
     let path = region("kill-client");
-    let fabric = open(&path);
+    let fabric = open_as(&path, software, None);
+    let free = fabric.free_bytes();
     let server = Server::bind("pkg.Host", server_config(&fabric), test_handler).unwrap();
+    let bound = fabric.free_bytes();
+    assert!(bound < free);
     let mut child = role_command("fabric_child", "client", &path, "pkg.Host")
+        .env(COHERENCE, if software { "software" } else { "hardware" })
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -188,4 +239,66 @@ fn a_killed_client_is_reclaimed() {
         "blocks held by the dead client"
     );
     let _ = std::fs::remove_file(path);
+}
+
+/// A software-coherent call whose client or server leaves out flushes or invalidations:
+/// what the emulator is for. On coherent hardware every one of these would pass.
+fn call_with_faults(client: Faults, server: Faults) -> Result<netless::Reply, netless::Status> {
+    let path = region("faults");
+    let server_side = open_as(&path, true, Some(server));
+    let client_side = open_as(&path, true, Some(client));
+    let _server = Server::bind("pkg.Faulty", server_config(&server_side), test_handler).unwrap();
+    let result = Client::connect_with("pkg.Faulty", client_config(&client_side)).and_then(|c| {
+        c.call(
+            "Echo",
+            b"through the fabric",
+            &CallOptions::new().timeout(Duration::from_millis(1500)),
+        )
+    });
+    let _ = std::fs::remove_file(path);
+    result
+}
+
+const NO_FLUSH: Faults = Faults {
+    skip_flush: true,
+    skip_invalidate: false,
+};
+const NO_INVALIDATE: Faults = Faults {
+    skip_flush: false,
+    skip_invalidate: true,
+};
+const NONE: Faults = Faults {
+    skip_flush: false,
+    skip_invalidate: false,
+};
+
+#[test]
+fn software_coherence_without_faults_delivers() {
+    let reply = call_with_faults(NONE, NONE).unwrap();
+    assert_eq!(reply.payload, b"through the fabric");
+}
+
+#[test]
+fn a_client_that_does_not_flush_cannot_even_lay_out_its_rings() {
+    // Laying out its rings, it reads back lines it never wrote back: they are not there.
+    let err = call_with_faults(NO_FLUSH, NONE).unwrap_err();
+    assert!(err.message().contains("not a polled ring"), "{err}");
+}
+
+#[test]
+fn a_server_that_does_not_flush_is_never_heard() {
+    let err = call_with_faults(NONE, NO_FLUSH).unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+}
+
+#[test]
+fn a_client_that_does_not_invalidate_never_sees_its_reply() {
+    let err = call_with_faults(NO_INVALIDATE, NONE).unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+}
+
+#[test]
+fn a_server_that_does_not_invalidate_never_sees_the_request() {
+    let err = call_with_faults(NONE, NO_INVALIDATE).unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
 }

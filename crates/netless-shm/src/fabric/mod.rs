@@ -46,7 +46,7 @@ pub use layout::{DIRECTORY, MAX_NAME, MAX_SIZE, MEMBERS, MIN_SIZE, UNIT};
 pub use mailbox::{Mailbox, Phase, Request, MAX_REASON, SLOTS_PER_UNIT, SLOT_BYTES, WORDS};
 pub use members::MemberId;
 
-use crate::coherence::Coherence;
+use crate::coherence::{Coherence, Faults};
 use crate::sync::Ordering;
 use crate::{Error, Published, PublishedView, Segment};
 use layout::{Geometry, Words};
@@ -66,6 +66,11 @@ pub struct FabricOptions {
     pub coherence: Coherence,
     /// Lease of a region created now; an existing region's is read from it.
     pub lease: Duration,
+    /// Test backend for software coherence: this member sees the region's data through the
+    /// non-coherent emulator ([`crate::coherence::Emulated`]: a private copy, other members'
+    /// writes seen only through invalidations, its own published only through flushes),
+    /// leaving out the operations the faults name. `None`: the real memory.
+    pub emulation: Option<Faults>,
 }
 
 impl Default for FabricOptions {
@@ -74,6 +79,7 @@ impl Default for FabricOptions {
             size: DEFAULT_SIZE,
             coherence: Coherence::Hardware,
             lease: DEFAULT_LEASE,
+            emulation: None,
         }
     }
 }
@@ -99,6 +105,7 @@ struct Inner {
     geometry: Geometry,
     coherence: Coherence,
     lease: Duration,
+    emulation: Option<Faults>,
     me: MemberId,
     boot_id: [u8; 16],
     ticks: Mutex<Ticks>,
@@ -188,6 +195,7 @@ impl Fabric {
             geometry,
             coherence,
             lease,
+            emulation: options.emulation,
             me,
             boot_id,
             ticks: Mutex::new(Ticks::default()),
@@ -218,6 +226,12 @@ impl Fabric {
     /// The region's coherence.
     pub fn coherence(&self) -> Coherence {
         self.inner.coherence
+    }
+
+    /// Whether this member works through the non-coherent emulator, and with what faults
+    /// ([`FabricOptions::emulation`]).
+    pub fn emulation(&self) -> Option<Faults> {
+        self.inner.emulation
     }
 
     /// The region's lease.

@@ -139,6 +139,7 @@ pub(super) fn handshake(
         fragment_body,
         socket,
         config,
+        polled: None,
     })
 }
 

@@ -61,6 +61,8 @@ pub(crate) struct Connection {
     pub(super) stopping: AtomicBool,
     pub(super) reaper_thread: Mutex<Option<Thread>>,
     pub(super) socket: UnixStream,
+    /// Its polled rings, in a software-coherent fabric: calls go through them.
+    pub(crate) polled: Option<super::polled::PolledClient>,
 }
 
 /// What the handshake gave a new connection.
@@ -77,6 +79,7 @@ pub(super) struct Handshaken {
     pub(super) token: u64,
     pub(super) fragment_body: usize,
     pub(super) socket: UnixStream,
+    pub(super) polled: Option<super::polled::PolledClient>,
 }
 
 impl Connection {
@@ -110,6 +113,7 @@ impl Connection {
             conn_index: h.conn_index,
             token: h.token,
             socket: h.socket,
+            polled: h.polled,
         }
     }
 

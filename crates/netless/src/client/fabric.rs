@@ -18,11 +18,14 @@ use netless_shm::send_frame;
 
 use super::connect::fragment_body;
 use super::connection::Handshaken;
+use super::polled::PolledClient;
 use crate::config::ClientConfig;
+use crate::polled::ClientRings;
 use crate::segment::place::{CONTROL_EXTENT, MAILBOX_EXTENT, REPLICA_EXTENT};
 use crate::segment::{ConnSegment, ControlSegment, Place, ReplicaSegment};
 use crate::status::{Code, Status};
 use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
+use netless_shm::coherence::Coherence;
 
 /// Connects to `service` (replica `replica`) published in `fabric`.
 pub(super) fn handshake(
@@ -82,6 +85,20 @@ pub(super) fn handshake(
     let Some(conn_extent) = segment.extent() else {
         return Err(Status::internal("a fabric segment without an extent"));
     };
+    let rings = if fabric.coherence() == Coherence::Software {
+        match ClientRings::create(fabric, config.ring_bytes) {
+            Ok(rings) => Some(rings),
+            Err(e) => {
+                fabric.free(conn_extent);
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
+    let mut extents = vec![conn_extent];
+    extents.extend(rings.as_ref().map(|r| r.extent));
+    let polled_extent = rings.as_ref().map(|r| r.extent);
     let request = [
         u64::from(PROTOCOL_VERSION),
         config.max_message as u64,
@@ -89,11 +106,14 @@ pub(super) fn handshake(
         conn_extent.len,
         0,
         u64::from(rustix::process::geteuid().as_raw()),
-        0,
-        0,
+        polled_extent.map_or(0, |e| e.offset),
+        polled_extent.map_or(0, |e| e.len),
     ];
     let Some((slot, seq)) = mailbox.post(fabric.member(), request) else {
-        fabric.free(conn_extent);
+        drop(rings);
+        for extent in &extents {
+            fabric.free(*extent);
+        }
         return Err(Status::resource_exhausted(format!(
             "service `{named}` has all its {} connect slots taken: retry later",
             mailbox.slots()
@@ -102,7 +122,9 @@ pub(super) fn handshake(
     let deadline = Instant::now() + config.connect_timeout;
     let give_up = |status: Status| {
         mailbox.client_gone(slot, seq);
-        fabric.free_later(conn_extent);
+        for extent in &extents {
+            fabric.free_later(*extent);
+        }
         Err(status)
     };
     let mut pause = Duration::from_micros(50);
@@ -154,7 +176,7 @@ pub(super) fn handshake(
         seq,
         server,
         far,
-        conn_extent,
+        extents: extents.clone(),
         service: named.clone(),
         told: false,
     };
@@ -172,6 +194,7 @@ pub(super) fn handshake(
         fragment_body,
         socket: near,
         config,
+        polled: rings.map(PolledClient::new),
     })
 }
 
@@ -190,7 +213,8 @@ struct Link {
     server: MemberId,
     /// The far end of the connection's socket pair.
     far: UnixStream,
-    conn_extent: Extent,
+    /// The connection segment, and the polled rings if any: given back when it is over.
+    extents: Vec<Extent>,
     service: String,
     /// Whether the connection has been told the server is gone.
     told: bool,
@@ -229,7 +253,9 @@ impl Link {
         );
         if hung_up {
             self.mailbox.client_gone(self.slot, self.seq);
-            fabric.free_later(self.conn_extent);
+            for extent in &self.extents {
+                fabric.free_later(*extent);
+            }
             return false;
         }
         true

@@ -36,6 +36,7 @@ mod connect;
 pub(crate) mod connection;
 mod fabric;
 mod future;
+mod polled;
 mod reaper;
 pub(crate) mod replicas;
 mod send;
@@ -216,6 +217,10 @@ impl Client {
     ) -> Result<Metadata, Status> {
         let shared = &self.handle.conn;
         let deadline = shared.deadline_for(options);
+        if let Some(polled) = &shared.polled {
+            let metadata = options.request_metadata();
+            return polled.call(shared, method, metadata, payload, deadline, out);
+        }
         let mut retry = 0;
         // A NACK, from this client before sending or from a worker that found the request
         // queued too long to meet the SLO, means the call did not run: the policy may retry it.
@@ -287,7 +292,9 @@ impl Client {
             payload.len()
         };
         let body = method.len() + options.request_metadata().encoded_len() + sent;
-        let state = if body > shared.fragment_body {
+        // A call over polled rings, or one sent in fragments, may wait for room: do it on a
+        // helper thread.
+        let state = if body > shared.fragment_body || shared.polled.is_some() {
             // Sending fragments may wait for buffer space: do it on a helper thread.
             let client = self.clone();
             let (method, payload, options) =

@@ -78,6 +78,12 @@ impl Pipeline {
     pub fn connect(service: &str, config: ClientConfig) -> Result<Pipeline, Status> {
         let n = config.max_in_flight;
         let client = Client::connect_with(service, config)?;
+        if client.connection().polled.is_some() {
+            return Err(Status::unimplemented(format!(
+                "a Pipeline needs the shared receive queue, which a software-coherent fabric \
+                 does not have: call service `{service}` with a Client"
+            )));
+        }
         let max_run_bytes = client.connection().fragment_body + HEADER_LEN;
         let block = client.connection().replica.block_size();
         let short_runs = max_run_bytes.div_ceil(block) <= usize::from(u16::MAX);

@@ -20,6 +20,7 @@ use netless_shm::fabric::{Extent, Fabric, Mailbox, MemberId, Request};
 use netless_shm::recv_frame_by;
 
 use super::handshake::{install, Inbox, Newcomer};
+use super::polled::{PolledConn, PolledConns};
 use super::state::ServerState;
 use crate::segment::place::{CONTROL_EXTENT, MAILBOX_EXTENT, REPLICA_EXTENT};
 use crate::segment::{ConnSegment, Place};
@@ -48,6 +49,7 @@ pub(super) fn publish(
     server: &Arc<ServerState>,
     fabric: &Fabric,
     inbox: Arc<Inbox>,
+    polled: Option<Arc<PolledConns>>,
 ) -> Result<Published, Status> {
     let no_extent = || Status::internal("a fabric server's segment has no extent");
     let replica = server
@@ -82,6 +84,7 @@ pub(super) fn publish(
     let mut admissions = Admissions {
         server: Arc::downgrade(server),
         inbox,
+        polled,
         mailbox,
         links: Vec::new(),
         generation: 0,
@@ -99,6 +102,8 @@ pub(super) fn publish(
 struct Admissions {
     server: Weak<ServerState>,
     inbox: Arc<Inbox>,
+    /// The software-coherent connections, in a region without hardware coherence.
+    polled: Option<Arc<PolledConns>>,
     mailbox: Mailbox,
     links: Vec<Link>,
     generation: u32,
@@ -192,6 +197,33 @@ impl Admissions {
             Ok(s) => s,
             Err(e) => return refuse(Status::invalid_argument(e)),
         };
+        let client_max = usize::try_from(words[1]).unwrap_or(usize::MAX);
+        let rings = match (&self.polled, words[6]) {
+            (None, 0) => None,
+            (Some(_), 0) => {
+                return refuse(Status::new(
+                    Code::FailedPrecondition,
+                    "this fabric is software-coherent: a client must bring polled rings (its \
+                     netless is too old, or it opened the region as hardware-coherent)",
+                ))
+            }
+            (None, _) => {
+                return refuse(Status::new(
+                    Code::FailedPrecondition,
+                    "this fabric is hardware-coherent: polled rings are not served here",
+                ))
+            }
+            (Some(_), offset) => {
+                let extent = Extent {
+                    offset,
+                    len: words[7],
+                };
+                match attach_rings(fabric, client, extent) {
+                    Ok(rings) => Some(rings),
+                    Err(e) => return refuse(Status::invalid_argument(e)),
+                }
+            }
+        };
         let (near, far) = match UnixStream::pair() {
             Ok(pair) => pair,
             Err(e) => return refuse(Status::resource_exhausted(format!("socketpair: {e}"))),
@@ -202,7 +234,7 @@ impl Admissions {
             uid: server.owner_uid,
             segment,
             producer,
-            client_max: usize::try_from(words[1]).unwrap_or(usize::MAX),
+            client_max,
             peer_member: None,
             generation: self.generation,
         };
@@ -228,6 +260,9 @@ impl Admissions {
             server.conns.remove(conn.index);
             server.count_connection(-1);
             return;
+        }
+        if let (Some(polled), Some(rings)) = (&self.polled, rings) {
+            polled.add(PolledConn::new(conn.clone(), client_max, rings));
         }
         self.inbox.deliver(conn);
         self.links.push(Link {
@@ -296,4 +331,22 @@ impl Link {
         }
         true
     }
+}
+
+/// Maps a client's polled extent and attaches to its rings: the server consumes requests and
+/// produces replies.
+fn attach_rings(
+    fabric: &Fabric,
+    client: MemberId,
+    extent: Extent,
+) -> Result<crate::polled::ServerRings, String> {
+    if !fabric.is_owned_by(extent, client, crate::polled::MAX_EXTENT as u64) {
+        return Err(format!(
+            "the polled rings the client named are not memory it holds, or longer than the {} \
+             bytes a server maps",
+            crate::polled::MAX_EXTENT
+        ));
+    }
+    let segment = fabric.map(extent).map_err(|e| e.to_string())?;
+    crate::polled::ServerRings::attach(fabric, segment)
 }

@@ -50,6 +50,7 @@ pub(crate) mod handler;
 mod handshake;
 mod lone;
 mod notify;
+mod polled;
 mod reply;
 pub(crate) mod serve;
 mod state;
@@ -208,7 +209,22 @@ impl Server {
             None,
         )?;
         let inbox = server.inbox.take().expect("a fresh server's inbox");
-        server.published = Some(fabric::publish(&server.state, fabric, inbox)?);
+        let polled = (fabric.coherence() == netless_shm::coherence::Coherence::Software)
+            .then(|| Arc::new(polled::PolledConns::default()));
+        if let Some(conns) = &polled {
+            let n = server.state.config.workers;
+            for i in 0..n {
+                let (state, conns) = (server.state.clone(), conns.clone());
+                let spawned = thread::Builder::new()
+                    .name(format!("netless-poller-{i}"))
+                    .spawn(move || conns.run(&state, i, n));
+                server.threads.push(
+                    spawned
+                        .map_err(|e| Status::resource_exhausted(format!("spawn poller: {e}")))?,
+                );
+            }
+        }
+        server.published = Some(fabric::publish(&server.state, fabric, inbox, polled)?);
         Ok(server)
     }
 
