@@ -26,6 +26,7 @@
 //! - `wire`: the bytes of headers, replies, metadata and handshake frames;
 //! - `segment`: the shared segments, their layouts, block leases and the one validated view
 //!   of a run of blocks;
+//! - `polled`: the rings and messages of a connection in a software-coherent fabric;
 //! - `slo`: SLO sizing ([`sizing`]) and admission; `config`: servers' and clients'
 //!   settings; [`control`]: live stats and soft registers;
 //! - `server`: [`Server`] and the handler API; `client`: [`Client`], [`Replicas`];
