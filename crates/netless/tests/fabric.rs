@@ -28,14 +28,23 @@ fn region(tag: &str) -> PathBuf {
 /// Env var telling a child which coherence its region has (and to emulate it).
 const COHERENCE: &str = "NETLESS_TEST_COHERENCE";
 
+/// Env var telling a child to play a process on another host.
+const ANOTHER_KERNEL: &str = "NETLESS_TEST_ANOTHER_KERNEL";
+
 fn open(path: &Path) -> Fabric {
     let software = std::env::var(COHERENCE).is_ok_and(|c| c == "software");
-    open_as(path, software, None)
+    let elsewhere = std::env::var(ANOTHER_KERNEL).is_ok();
+    open_on(path, software, None, elsewhere)
+}
+
+fn open_as(path: &Path, software: bool, faults: Option<Faults>) -> Fabric {
+    open_on(path, software, faults, false)
 }
 
 /// A member of the region at `path`; in a software-coherent region it works through the
-/// non-coherent emulator, leaving out what `faults` names.
-fn open_as(path: &Path, software: bool, faults: Option<Faults>) -> Fabric {
+/// non-coherent emulator, leaving out what `faults` names; `elsewhere`, it plays a process
+/// on another host (another kernel: judged by its heartbeat, woken by no futex).
+fn open_on(path: &Path, software: bool, faults: Option<Faults>, elsewhere: bool) -> Fabric {
     Fabric::open(
         path,
         &FabricOptions {
@@ -46,6 +55,7 @@ fn open_as(path: &Path, software: bool, faults: Option<Faults>) -> Fabric {
                 Coherence::Hardware
             },
             emulation: software.then(|| faults.unwrap_or_default()),
+            another_kernel: elsewhere,
             ..FabricOptions::default()
         },
     )
@@ -168,12 +178,23 @@ fn a_killed_server_fails_software_coherent_calls_within_the_lease() {
     killed_server(true);
 }
 
+#[test]
+fn a_killed_server_on_another_host_fails_calls_when_its_lease_runs_out() {
+    killed_server_on(false, true);
+}
+
 fn killed_server(software: bool) {
+    killed_server_on(software, false);
+}
+
+fn killed_server_on(software: bool, elsewhere: bool) {
     let path = region("kill-server");
-    let mut child = role_command("fabric_child", "server", &path, "pkg.Victim")
-        .env(COHERENCE, if software { "software" } else { "hardware" })
-        .spawn()
-        .unwrap();
+    let mut command = role_command("fabric_child", "server", &path, "pkg.Victim");
+    command.env(COHERENCE, if software { "software" } else { "hardware" });
+    if elsewhere {
+        command.env(ANOTHER_KERNEL, "1");
+    }
+    let mut child = command.spawn().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     wait_for_line(&mut out, "READY");
     drain_in_background(out);
@@ -190,11 +211,20 @@ fn killed_server(software: bool) {
         }
     };
     assert_eq!(err.code(), Code::Unavailable, "{err}");
-    assert!(
-        killed.elapsed() < fabric.lease() + Duration::from_millis(500),
-        "took {:?}",
-        killed.elapsed()
-    );
+    // One kernel: its lock byte went with it, so within a tick or two. Another host: its
+    // heartbeat stopped, so within the lease (and a tick).
+    let bound = if elsewhere {
+        fabric.lease() + Duration::from_millis(500)
+    } else {
+        Duration::from_millis(500)
+    };
+    assert!(killed.elapsed() < bound, "took {:?}", killed.elapsed());
+    if elsewhere {
+        assert!(
+            killed.elapsed() >= fabric.lease() / 2,
+            "judged dead before its lease ran out: by something other than its heartbeat"
+        );
+    }
     let _ = std::fs::remove_file(path);
 }
 
@@ -271,6 +301,34 @@ const NONE: Faults = Faults {
     skip_flush: false,
     skip_invalidate: false,
 };
+
+#[test]
+fn a_client_playing_another_host_is_served_across_idle_pauses() {
+    // Both sides then sleep at most a tenth of a millisecond at a time, as they must with a
+    // peer whose futex wake-ups cannot reach them. (On this one kernel the wake-ups still
+    // arrive: this checks the calls and the judging of the peer, not the absence of a
+    // wake-up.)
+    let path = region("elsewhere");
+    let server_side = open_as(&path, false, None);
+    let client_side = open_on(&path, false, None, true);
+    assert!(!server_side.same_kernel(client_side.member()));
+    let server = Server::bind("pkg.Far", server_config(&server_side), test_handler).unwrap();
+    let client = Client::connect_with("pkg.Far", client_config(&client_side)).unwrap();
+    for i in 0..200u32 {
+        let payload = i.to_le_bytes();
+        // Pauses long enough for both sides to go to sleep between calls.
+        if i % 50 == 0 {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        assert_eq!(
+            client.call("Echo", &payload, &opts()).unwrap().payload,
+            payload
+        );
+    }
+    drop(client);
+    drop(server);
+    let _ = std::fs::remove_file(path);
+}
 
 #[test]
 fn software_coherence_without_faults_delivers() {

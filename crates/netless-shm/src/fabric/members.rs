@@ -141,6 +141,23 @@ pub(crate) fn read_boot_id(words: &Words, slot: usize) -> [u8; 16] {
     id
 }
 
+/// A boot id no kernel has (for a member that plays another host).
+pub(crate) fn random_boot_id() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut id = [0u8; 16];
+    for half in id.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    id
+}
+
 /// This kernel's boot id (random per boot, the same in every namespace), or zeros.
 pub(crate) fn boot_id() -> [u8; 16] {
     let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();

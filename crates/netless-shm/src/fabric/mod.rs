@@ -71,6 +71,10 @@ pub struct FabricOptions {
     /// writes seen only through invalidations, its own published only through flushes),
     /// leaving out the operations the faults name. `None`: the real memory.
     pub emulation: Option<Faults>,
+    /// Test backend for hosts: this member claims a kernel of its own (a random boot id),
+    /// so the others judge it by its heartbeat alone and wake it by no futex, as they would
+    /// a process on another host.
+    pub another_kernel: bool,
 }
 
 impl Default for FabricOptions {
@@ -80,6 +84,7 @@ impl Default for FabricOptions {
             coherence: Coherence::Hardware,
             lease: DEFAULT_LEASE,
             emulation: None,
+            another_kernel: false,
         }
     }
 }
@@ -184,7 +189,11 @@ impl Fabric {
         // any `Words` copy (they are all inside `Inner` or borrowed from it).
         let words = unsafe { Words::new(map.as_mut_ptr(), size as usize) };
         let (coherence, lease) = format_or_check(&words, size, options).map_err(fail)?;
-        let boot_id = members::boot_id();
+        let boot_id = if options.another_kernel {
+            members::random_boot_id()
+        } else {
+            members::boot_id()
+        };
         let (me, token_file) = join(path, &words, &geometry, boot_id, lease).map_err(fail)?;
         let inner = Arc::new(Inner {
             path: path.to_owned(),

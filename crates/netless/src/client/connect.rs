@@ -140,6 +140,7 @@ pub(super) fn handshake(
         socket,
         config,
         polled: None,
+        max_sleep: super::wait::MAX_SLEEP,
     })
 }
 

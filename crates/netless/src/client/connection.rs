@@ -63,6 +63,9 @@ pub(crate) struct Connection {
     pub(super) socket: UnixStream,
     /// Its polled rings, in a software-coherent fabric: calls go through them.
     pub(crate) polled: Option<super::polled::PolledClient>,
+    /// Longest sleep of a waiting call: short when the server is on another kernel, whose
+    /// futex wake-ups never reach us, so waiting is polling.
+    pub(crate) max_sleep: std::time::Duration,
 }
 
 /// What the handshake gave a new connection.
@@ -80,6 +83,8 @@ pub(super) struct Handshaken {
     pub(super) fragment_body: usize,
     pub(super) socket: UnixStream,
     pub(super) polled: Option<super::polled::PolledClient>,
+    /// See [`Connection::max_sleep`].
+    pub(super) max_sleep: std::time::Duration,
 }
 
 impl Connection {
@@ -114,6 +119,7 @@ impl Connection {
             token: h.token,
             socket: h.socket,
             polled: h.polled,
+            max_sleep: h.max_sleep,
         }
     }
 

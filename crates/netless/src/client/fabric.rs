@@ -195,8 +195,17 @@ pub(super) fn handshake(
         socket: near,
         config,
         polled: rings.map(PolledClient::new),
+        max_sleep: if fabric.same_kernel(server) {
+            super::wait::MAX_SLEEP
+        } else {
+            REMOTE_SLEEP
+        },
     })
 }
+
+/// Longest sleep of a call waiting for a server on another kernel: no futex wake-up crosses,
+/// so the waiter polls.
+pub(crate) const REMOTE_SLEEP: Duration = Duration::from_micros(100);
 
 fn server_dead(service: &str) -> Status {
     Status::unavailable(format!(

@@ -69,7 +69,7 @@ impl PolledClient {
         let max_record = st.rings.requests.max_record_len();
         st.outbox.queue(call_id, &st.message, max_record);
         let spin_until = Instant::now() + conn.config.wait.spin;
-        let mut backoff = Backoff::new(Duration::from_millis(1));
+        let mut backoff = Backoff::new(conn.max_sleep.min(Duration::from_millis(1)));
         // A request left half sent by a call that gave up goes first: the server reads one
         // stream.
         while !st.outbox.flush(&mut st.rings.requests)? {

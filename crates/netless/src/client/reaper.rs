@@ -10,7 +10,6 @@ use netless_ring::WaitPolicy;
 
 use super::connection::Connection;
 use super::future::SPINNER_CHECK;
-use super::wait::MAX_SLEEP;
 use crate::sync::Ordering;
 
 /// The reaper thread's state.
@@ -86,7 +85,7 @@ impl Reaper {
                 conn.doorbell(),
                 &policy,
                 Some(Instant::now() + Duration::from_millis(5)),
-                MAX_SLEEP,
+                conn.max_sleep,
                 || {
                     (consumer.has_next()
                         || conn.spinning.load(Ordering::Acquire) > 0

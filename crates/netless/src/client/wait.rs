@@ -83,7 +83,7 @@ impl Connection {
                         self.doorbell(),
                         &self.config.wait,
                         deadline,
-                        MAX_SLEEP,
+                        self.max_sleep,
                         || {
                             (consumer.has_next() || self.is_dead() || slot.state() == DONE)
                                 .then_some(())

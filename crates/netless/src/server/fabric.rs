@@ -171,6 +171,12 @@ impl Admissions {
             self.mailbox.release(slot, seq);
             return;
         };
+        if !fabric.same_kernel(client) {
+            // Its wake-ups never reach our workers' futexes: they poll from now on.
+            server
+                .remote_clients
+                .store(true, crate::sync::Ordering::Relaxed);
+        }
         let words = request.words;
         if words[0] != u64::from(PROTOCOL_VERSION) {
             return refuse(Status::unavailable(format!(

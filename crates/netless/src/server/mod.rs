@@ -292,6 +292,7 @@ impl Server {
             dropped: AtomicU64::new(0),
             violations: AtomicU64::new(0),
             shed: AtomicU64::new(0),
+            remote_clients: AtomicBool::new(false),
             #[cfg(feature = "fault-injection")]
             corrupt_responses: crate::sync::AtomicU32::new(0),
             config,

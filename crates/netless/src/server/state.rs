@@ -57,6 +57,8 @@ pub(super) struct ServerState {
     pub(super) violations: AtomicU64,
     /// See [`ServerStats::shed`].
     pub(super) shed: AtomicU64,
+    /// A client on another kernel is (or was) connected through a fabric: see `max_sleep`.
+    pub(super) remote_clients: AtomicBool,
     /// Test-only: answer every call with garbage (`Server::fault_corrupt_responses`).
     #[cfg(feature = "fault-injection")]
     pub(super) corrupt_responses: AtomicU32,
@@ -81,6 +83,16 @@ impl ServerState {
     }
 
     /// The trust group of `uid`, made now if it has none (the caller holds `admitting`).
+    /// Longest sleep of an idle worker: short once a client on another kernel (whose
+    /// futex wake-ups never reach us) is connected through a fabric, so idling is polling.
+    pub(super) fn max_sleep(&self) -> std::time::Duration {
+        if self.remote_clients.load(Ordering::Relaxed) {
+            std::time::Duration::from_micros(100)
+        } else {
+            std::time::Duration::from_millis(100)
+        }
+    }
+
     pub(super) fn group_of(&self, uid: u32) -> Result<&Group, Status> {
         self.groups.of_uid(uid, |index| {
             let place = self

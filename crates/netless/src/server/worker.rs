@@ -9,7 +9,7 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use netless_ring::prefetch::{prefetch_read, prefetch_read_range};
 use netless_ring::{ConsumerHead, Dequeue};
@@ -330,7 +330,7 @@ impl<'a> Worker<'a> {
                         &doorbells,
                         &wait,
                         None,
-                        Duration::from_millis(100),
+                        server.max_sleep(),
                         &mut sleeps,
                         || {
                             polls = polls.wrapping_add(1);
