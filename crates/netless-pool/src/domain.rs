@@ -127,6 +127,8 @@ pub(crate) struct Membership {
     pid_ns: u64,
     holdings: Mutex<Holdings>,
     link: Mutex<Option<Link>>,
+    /// In a fabric: the pool's extent, kept held by a live member (see `fabric`).
+    pub(crate) fabric: Mutex<Option<crate::fabric::Hold>>,
 }
 
 /// What this process holds in the pool, under one lock: every operation that changes a page's
@@ -217,6 +219,7 @@ impl Domain {
                 map,
                 member,
                 link: Mutex::new(link),
+                fabric: Mutex::new(None),
             }),
         }
     }
@@ -537,6 +540,9 @@ fn check_range(offset: usize, len: usize, size: usize) -> Result<(), PoolError> 
 impl Drop for Membership {
     fn drop(&mut self) {
         self.leave();
+        if let Some(hold) = lock(&self.fabric).take() {
+            hold.leave(self);
+        }
         if let Some(link) = lock(&self.link).take() {
             link.stop();
         }

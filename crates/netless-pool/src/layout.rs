@@ -200,6 +200,29 @@ impl PoolMap {
         geometry.validate()?;
         let header = geometry.header(domain_id);
         let segment = Segment::create("netless-pool", header.total_len as usize)?;
+        Self::lay_out(segment, header)
+    }
+
+    /// Lays out a new pool, all pages free, in `segment`: zero-filled, made by the caller
+    /// (in a fabric region), exactly `geometry`'s length.
+    pub(crate) fn create_in(
+        segment: Segment,
+        geometry: PoolGeometry,
+        domain_id: u64,
+    ) -> Result<PoolMap, PoolError> {
+        geometry.validate()?;
+        let header = geometry.header(domain_id);
+        if segment.len() as u64 != header.total_len {
+            return Err(PoolError::Corrupt(format!(
+                "a pool of this geometry takes {} bytes, not {}",
+                header.total_len,
+                segment.len()
+            )));
+        }
+        Self::lay_out(segment, header)
+    }
+
+    fn lay_out(segment: Segment, header: PoolHeader) -> Result<PoolMap, PoolError> {
         // SAFETY: the segment is fresh, private to this process and at least a page long, so
         // the header's 64 bytes at offset 0 are in bounds and nobody else reads them yet.
         unsafe { (segment.as_ptr() as *mut PoolHeader).write(header) };
@@ -215,7 +238,14 @@ impl PoolMap {
         fd: std::os::fd::OwnedFd,
         expect_domain: Option<u64>,
     ) -> Result<PoolMap, PoolError> {
-        let segment = Segment::attach(fd, 1 << 40)?;
+        Self::attach_segment(Segment::attach(fd, 1 << 40)?, expect_domain)
+    }
+
+    /// Validates a pool segment mapped from a fabric region.
+    pub(crate) fn attach_segment(
+        segment: Segment,
+        expect_domain: Option<u64>,
+    ) -> Result<PoolMap, PoolError> {
         let header = if segment.len() >= PAGE_SIZE {
             // SAFETY: the segment has at least a page, so the header's bytes are in bounds; it is
             // read once by value (plain integers, any bit pattern is valid), then validated.

@@ -34,6 +34,7 @@ mod buf;
 mod coordinator;
 mod domain;
 mod error;
+mod fabric;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -48,6 +48,10 @@ pub struct PeerMember {
 }
 
 impl PeerMember {
+    pub(crate) fn new(member: usize, generation: u32) -> PeerMember {
+        PeerMember { member, generation }
+    }
+
     /// Its member row.
     pub fn member(&self) -> usize {
         self.member

@@ -303,6 +303,55 @@ const NONE: Faults = Faults {
 };
 
 #[test]
+fn large_payloads_travel_by_reference_through_the_fabric_pool() {
+    use netless::netless_pool::{Domain, DomainConfig, PoolGeometry};
+    let path = region("by-ref");
+    let (sf, cf) = (open(&path), open(&path));
+    let mut pool = DomainConfig::new("calls");
+    pool.geometry = PoolGeometry {
+        pages: 4096,
+        ref_slots: 256,
+    };
+    let server_pool = Domain::join_fabric(&pool, &sf).unwrap();
+    let client_pool = Domain::join_fabric(&pool, &cf).unwrap();
+    assert_eq!(server_pool.id(), client_pool.id());
+    let server = Server::bind(
+        "pkg.ByRef",
+        ServerConfig {
+            domain: Some(server_pool.clone()),
+            ..server_config(&sf)
+        },
+        test_handler,
+    )
+    .unwrap();
+    let client = Client::connect_with(
+        "pkg.ByRef",
+        ClientConfig {
+            domain: Some(client_pool.clone()),
+            ref_threshold: 16 * 1024,
+            ..client_config(&cf)
+        },
+    )
+    .unwrap();
+    let start = client_pool.stats();
+    let mut sent_by_ref = 0;
+    for len in [100usize, 16 * 1024, 300_000, 1 << 20] {
+        let payload: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+        let reply = client.call("Echo", &payload, &opts()).unwrap();
+        assert_eq!(reply.payload, payload, "{len} bytes");
+        if len >= 16 * 1024 {
+            sent_by_ref += len as u64;
+        }
+    }
+    // Written into the pool once each, every Ref mapped and given back.
+    let end = client_pool.stats();
+    assert_eq!(end.bytes_copied - start.bytes_copied, sent_by_ref);
+    assert_eq!(end.outstanding_refs, 0);
+    drop((client, server));
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
 fn a_client_playing_another_host_is_served_across_idle_pauses() {
     // Both sides then sleep at most a tenth of a millisecond at a time, as they must with a
     // peer whose futex wake-ups cannot reach them. (On this one kernel the wake-ups still

@@ -134,3 +134,31 @@ pub(crate) fn free_units(words: &Words, g: &Geometry) -> usize {
         .filter(|&u| words.word(g.unit_word(u)).load(Ordering::Relaxed) == 0)
         .count()
 }
+
+/// Moves `extent` from `from` to `to`, unit by unit, starting with the first: a second
+/// mover racing this one fails at the first unit and touches no other. Whether every unit
+/// moved.
+pub(crate) fn hand_over(
+    words: &Words,
+    g: &Geometry,
+    extent: Extent,
+    from: MemberId,
+    to: MemberId,
+) -> bool {
+    let Some(first) = g.unit_at(extent.offset) else {
+        return false;
+    };
+    let (from, to) = (from.owner_word(), to.owner_word());
+    (first..(first + extent.units()).min(g.heap_units)).all(|u| {
+        let word = words.word(g.unit_word(u));
+        word.compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+            || word.load(Ordering::Acquire) == to
+    })
+}
+
+/// The member holding the first unit of `extent`, if any.
+pub(crate) fn owner_of(words: &Words, g: &Geometry, extent: Extent) -> Option<MemberId> {
+    let unit = g.unit_at(extent.offset)?;
+    MemberId::from_owner_word(words.word(g.unit_word(unit)).load(Ordering::Acquire))
+}

@@ -335,6 +335,36 @@ impl Fabric {
         lock(&self.inner.ticks).later.push((at, extent));
     }
 
+    /// The member holding `extent` (its first unit), if any.
+    pub fn owner_of(&self, extent: Extent) -> Option<MemberId> {
+        alloc::owner_of(&self.inner.words, &self.inner.geometry, extent)
+    }
+
+    /// Takes `extent` over from a member that is no longer alive (memory several members
+    /// share, which outlives whoever made it): whether it is now this member's. Of members
+    /// racing to, one wins.
+    pub fn adopt(&self, extent: Extent) -> bool {
+        let me = self.inner.me;
+        match self.owner_of(extent) {
+            Some(owner) if owner == me => true,
+            Some(owner) if !self.is_alive(owner) => {
+                alloc::hand_over(&self.inner.words, &self.inner.geometry, extent, owner, me)
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives `extent`, held by this member, to `heir`: whether it moved.
+    pub fn hand_over(&self, extent: Extent, heir: MemberId) -> bool {
+        alloc::hand_over(
+            &self.inner.words,
+            &self.inner.geometry,
+            extent,
+            self.inner.me,
+            heir,
+        )
+    }
+
     /// Whether `extent`, read from the region, is units `owner` holds, at most `max_len`
     /// bytes long.
     pub fn is_owned_by(&self, extent: Extent, owner: MemberId, max_len: u64) -> bool {

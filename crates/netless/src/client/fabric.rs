@@ -99,13 +99,22 @@ pub(super) fn handshake(
     let mut extents = vec![conn_extent];
     extents.extend(rings.as_ref().map(|r| r.extent));
     let polled_extent = rings.as_ref().map(|r| r.extent);
+    // Pass by reference if our domain is in this fabric too: our row, for the server to
+    // check against the pool.
+    let (domain, claim) = config.domain.as_ref().map_or((0, 0), |d| {
+        let claim = d.fabric_claim();
+        (
+            d.id(),
+            u64::from(claim.member) << 32 | u64::from(claim.generation),
+        )
+    });
     let request = [
         u64::from(PROTOCOL_VERSION),
         config.max_message as u64,
         conn_extent.offset,
         conn_extent.len,
-        0,
-        u64::from(rustix::process::geteuid().as_raw()),
+        domain,
+        claim,
         polled_extent.map_or(0, |e| e.offset),
         polled_extent.map_or(0, |e| e.len),
     ];
@@ -181,10 +190,15 @@ pub(super) fn handshake(
         told: false,
     };
     fabric.watch(Box::new(move |fabric| link.step(fabric)));
+    // Refs only if the server says it checked our claim against its pool, which is ours.
+    let pool = config
+        .domain
+        .clone()
+        .filter(|d| reply[5] == 1 && reply[4] == d.id() && d.id() != 0);
     Ok(Handshaken {
         service: named,
         dir: fabric.path().to_owned(),
-        pool: None,
+        pool,
         replica: replica_segment,
         segment,
         consumer,

@@ -204,6 +204,18 @@ impl Admissions {
             Err(e) => return refuse(Status::invalid_argument(e)),
         };
         let client_max = usize::try_from(words[1]).unwrap_or(usize::MAX);
+        // Refs from a member of our domain whose claim to its row holds (see
+        // `Domain::verify_fabric_member`).
+        let peer_member = server.config.domain.as_ref().and_then(|d| {
+            let claim = netless_pool::MemberClaim {
+                member: (words[5] >> 32) as u32,
+                generation: words[5] as u32,
+            };
+            (words[4] != 0 && words[4] == d.id())
+                .then(|| d.verify_fabric_member(claim, client))
+                .flatten()
+        });
+        let by_ref = peer_member.is_some();
         let rings = match (&self.polled, words[6]) {
             (None, 0) => None,
             (Some(_), 0) => {
@@ -241,7 +253,7 @@ impl Admissions {
             segment,
             producer,
             client_max,
-            peer_member: None,
+            peer_member,
             generation: self.generation,
         };
         let conn = match install(server, newcomer, &near) {
@@ -257,8 +269,8 @@ impl Admissions {
             u64::from(conn.index),
             u64::from(conn.tag),
             conn.token,
-            0,
-            0,
+            server.domain_id(),
+            u64::from(by_ref),
             0,
             0,
         ];

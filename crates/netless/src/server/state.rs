@@ -83,8 +83,7 @@ impl ServerState {
     }
 
     /// The trust group of `uid`, made now if it has none (the caller holds `admitting`).
-    /// Longest sleep of an idle worker: short once a client on another kernel (whose
-    /// futex wake-ups never reach us) is connected through a fabric, so idling is polling.
+    /// An idle worker's longest sleep: short once a client on another kernel joined.
     pub(super) fn max_sleep(&self) -> std::time::Duration {
         if self.remote_clients.load(Ordering::Relaxed) {
             std::time::Duration::from_micros(100)
