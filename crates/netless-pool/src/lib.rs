@@ -43,6 +43,7 @@ mod members;
 mod pages;
 mod peer;
 mod refs;
+mod view;
 
 pub use buf::SharedBuf;
 pub use domain::{Domain, DomainConfig, PoolStats, RAddr, MAX_LOCAL_REFS};
@@ -50,6 +51,7 @@ pub use error::PoolError;
 pub use layout::{PoolGeometry, MAX_MEMBERS, MAX_REF_BYTES, PAGE_SIZE};
 pub use peer::{MemberClaim, PeerMember};
 pub use refs::Ref;
+pub use view::PagesView;
 
 impl Domain {
     /// Joins the domain `config.name` in the socket directory, founding it (and coordinating

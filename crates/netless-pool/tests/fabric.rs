@@ -127,3 +127,58 @@ fn a_killed_members_pages_come_back() {
     });
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn pages_not_written_back_never_pass_for_the_data() {
+    use netless_shm::coherence::{Coherence, Faults};
+    let path = region("view");
+    let options = |faults| FabricOptions {
+        size: 64 << 20,
+        coherence: Coherence::Software,
+        emulation: Some(faults),
+        ..FabricOptions::default()
+    };
+    let fa = Fabric::open(&path, &options(Faults::default())).unwrap();
+    let fb = Fabric::open(&path, &options(Faults::default())).unwrap();
+    let (a, b) = (
+        Domain::join_fabric(&config(), &fa).unwrap(),
+        Domain::join_fabric(&config(), &fb).unwrap(),
+    );
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    let mut out = Vec::new();
+    for (skip_flush, skip_invalidate, arrives) in [
+        (false, false, true),
+        (true, false, false),
+        (false, true, false),
+    ] {
+        let mut writer = a
+            .pages_view(
+                Coherence::Software,
+                Some(Faults {
+                    skip_flush,
+                    skip_invalidate: false,
+                }),
+            )
+            .unwrap();
+        // The reader has seen these pages before (its private copy), as a host's cache would.
+        let mut reader = b
+            .pages_view(
+                Coherence::Software,
+                Some(Faults {
+                    skip_flush: false,
+                    skip_invalidate,
+                }),
+            )
+            .unwrap();
+        let buf = a.alloc(data.len()).unwrap();
+        writer.write_back(&buf, &data).unwrap();
+        let seen = b.map(&buf.share().unwrap()).unwrap();
+        reader.read_fresh(&seen, &mut out).unwrap();
+        assert_eq!(
+            out == data,
+            arrives,
+            "skip_flush {skip_flush}, skip_invalidate {skip_invalidate}"
+        );
+    }
+    let _ = std::fs::remove_file(path);
+}

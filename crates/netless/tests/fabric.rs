@@ -304,9 +304,21 @@ const NONE: Faults = Faults {
 
 #[test]
 fn large_payloads_travel_by_reference_through_the_fabric_pool() {
+    by_reference(false);
+}
+
+#[test]
+fn large_payloads_travel_by_reference_over_software_coherence() {
+    by_reference(true);
+}
+
+fn by_reference(software: bool) {
     use netless::netless_pool::{Domain, DomainConfig, PoolGeometry};
     let path = region("by-ref");
-    let (sf, cf) = (open(&path), open(&path));
+    let (sf, cf) = (
+        open_as(&path, software, None),
+        open_as(&path, software, None),
+    );
     let mut pool = DomainConfig::new("calls");
     pool.geometry = PoolGeometry {
         pages: 4096,

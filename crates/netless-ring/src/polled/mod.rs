@@ -49,6 +49,12 @@ use netless_shm::coherence::{View, ViewError, LINE};
 use crate::layout::LayoutError;
 use checksum::Crc32c;
 pub use consumer::{Consumer, PopError};
+
+/// The CRC-32C of `bytes` (the records' checksum), for data that travels beside a ring
+/// record and must prove itself whole too (a page read from non-coherent memory).
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    Crc32c::new().update(bytes).finish()
+}
 pub use producer::{Producer, PushError};
 
 /// Magic of a polled ring's header: `"NLPOLLR1"`.

@@ -174,6 +174,20 @@ pub(super) fn handshake(
             reply[0]
         )));
     }
+    // Refs only if the server says it checked our claim against its pool, which is ours.
+    let pool = config
+        .domain
+        .clone()
+        .filter(|d| reply[5] == 1 && reply[4] == d.id() && d.id() != 0);
+    // Payloads by reference over polled rings go through our view of the pool's pages.
+    let pages = match (&rings, &pool) {
+        (Some(_), Some(d)) => match d.pages_view(fabric.coherence(), fabric.emulation()) {
+            Ok(view) => Some(view),
+            Err(e) => return give_up(Status::internal(e.to_string())),
+        },
+        _ => None,
+    };
+    let polled = rings.map(|rings| PolledClient::new(rings, pages));
     let (near, far) = match UnixStream::pair() {
         Ok(pair) => pair,
         Err(e) => return give_up(Status::resource_exhausted(format!("socketpair: {e}"))),
@@ -190,11 +204,6 @@ pub(super) fn handshake(
         told: false,
     };
     fabric.watch(Box::new(move |fabric| link.step(fabric)));
-    // Refs only if the server says it checked our claim against its pool, which is ours.
-    let pool = config
-        .domain
-        .clone()
-        .filter(|d| reply[5] == 1 && reply[4] == d.id() && d.id() != 0);
     Ok(Handshaken {
         service: named,
         dir: fabric.path().to_owned(),
@@ -208,7 +217,7 @@ pub(super) fn handshake(
         fragment_body,
         socket: near,
         config,
-        polled: rings.map(PolledClient::new),
+        polled,
         max_sleep: if fabric.same_kernel(server) {
             super::wait::MAX_SLEEP
         } else {

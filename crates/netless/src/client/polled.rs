@@ -8,13 +8,15 @@ use std::time::{Duration, Instant};
 
 use super::connection::Connection;
 use super::slots::lock;
-use crate::polled::{decode_reply, encode_request, Backoff, ClientRings, Inbox, Outbox};
+use crate::polled::{decode_reply, encode_request, Backoff, Body, ClientRings, Inbox, Outbox};
 use crate::status::Status;
 use crate::wire::metadata::Metadata;
 
 /// A connection's rings, for its calls.
 pub(crate) struct PolledClient {
     state: Mutex<State>,
+    /// The pool's pages as this member sees them, when payloads may go by reference.
+    pages: Option<Mutex<netless_pool::PagesView>>,
 }
 
 struct State {
@@ -26,8 +28,9 @@ struct State {
 }
 
 impl PolledClient {
-    pub(crate) fn new(rings: ClientRings) -> PolledClient {
+    pub(crate) fn new(rings: ClientRings, pages: Option<netless_pool::PagesView>) -> PolledClient {
         PolledClient {
+            pages: pages.map(Mutex::new),
             state: Mutex::new(State {
                 rings,
                 inbox: Inbox::default(),
@@ -57,7 +60,28 @@ impl PolledClient {
             u64::try_from(d.saturating_duration_since(Instant::now()).as_nanos())
                 .unwrap_or(u64::MAX - 1)
         });
-        encode_request(remaining, method, metadata, payload, &mut st.message);
+        // A large payload goes into pool pages, written back before the Ref leaves: the
+        // buffer is held until the reply, by which time the server has mapped it.
+        let by_ref = match (&conn.pool, &self.pages) {
+            (Some(pool), Some(pages)) if payload.len() >= conn.config.ref_threshold => {
+                let pool_error = |e: netless_pool::PoolError| {
+                    Status::resource_exhausted(format!("pass by reference: {e}"))
+                };
+                let buf = pool.alloc(payload.len()).map_err(pool_error)?;
+                lock(pages).write_back(&buf, payload).map_err(pool_error)?;
+                let r = buf.share().map_err(pool_error)?;
+                Some((buf, r.to_bytes()))
+            }
+            _ => None,
+        };
+        let body = match &by_ref {
+            Some((_, r)) => Body::ByRef {
+                r: *r,
+                crc: netless_ring::polled::crc32c(payload),
+            },
+            None => Body::Inline(payload),
+        };
+        encode_request(remaining, method, metadata, body, &mut st.message);
         if st.message.len() > conn.server_max_message {
             return Err(Status::resource_exhausted(format!(
                 "the request of {} bytes exceeds the {} service `{}` accepts",

@@ -331,26 +331,50 @@ impl Inbox {
     }
 }
 
+/// A request's payload: in the record, or in pool pages named by a Ref, with the length and
+/// checksum of its bytes (pages carry no proof of their own of having been written back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Body<'a> {
+    Inline(&'a [u8]),
+    ByRef {
+        r: [u8; netless_pool::Ref::LEN],
+        crc: u32,
+    },
+}
+
+const INLINE: u8 = 0;
+const BY_REF: u8 = 1;
+
 /// A request as it travels: time left (not an instant: hosts' clocks differ), method,
-/// metadata, payload.
+/// metadata, and its payload or the Ref to it.
 pub(crate) fn encode_request(
     remaining_ns: Option<u64>,
     method: &str,
     metadata: &Metadata,
-    payload: &[u8],
+    body: Body<'_>,
     out: &mut Vec<u8>,
 ) {
     out.clear();
     out.extend_from_slice(&remaining_ns.unwrap_or(u64::MAX).to_le_bytes());
     out.extend_from_slice(&(method.len() as u16).to_le_bytes());
     out.extend_from_slice(&(metadata.encoded_len() as u32).to_le_bytes());
+    out.push(match body {
+        Body::Inline(_) => INLINE,
+        Body::ByRef { .. } => BY_REF,
+    });
     out.extend_from_slice(method.as_bytes());
     metadata.encode_into(out);
-    out.extend_from_slice(payload);
+    match body {
+        Body::Inline(payload) => out.extend_from_slice(payload),
+        Body::ByRef { r, crc } => {
+            out.extend_from_slice(&r);
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
+    }
 }
 
-/// A request taken apart: nanoseconds left, method, metadata, payload.
-pub(crate) type DecodedRequest<'a> = (Option<u64>, &'a str, Metadata, &'a [u8]);
+/// A request taken apart: nanoseconds left, method, metadata, body.
+pub(crate) type DecodedRequest<'a> = (Option<u64>, &'a str, Metadata, Body<'a>);
 
 /// A request taken apart (validated as peer input).
 pub(crate) fn decode_request(bytes: &[u8]) -> Result<DecodedRequest<'_>, Status> {
@@ -360,16 +384,28 @@ pub(crate) fn decode_request(bytes: &[u8]) -> Result<DecodedRequest<'_>, Status>
         u16::from_le_bytes(bytes.get(8..10).ok_or_else(bad)?.try_into().expect("2")) as usize;
     let md_len =
         u32::from_le_bytes(bytes.get(10..14).ok_or_else(bad)?.try_into().expect("4")) as usize;
-    let method = bytes.get(14..14 + method_len).ok_or_else(bad)?;
+    let kind = *bytes.get(14).ok_or_else(bad)?;
+    let method = bytes.get(15..15 + method_len).ok_or_else(bad)?;
     let method = std::str::from_utf8(method).map_err(|_| bad())?;
-    let md_end = (14 + method_len).checked_add(md_len).ok_or_else(bad)?;
-    let metadata = Metadata::decode(bytes.get(14 + method_len..md_end).ok_or_else(bad)?)?;
-    let payload = bytes.get(md_end..).ok_or_else(bad)?;
+    let md_end = (15 + method_len).checked_add(md_len).ok_or_else(bad)?;
+    let metadata = Metadata::decode(bytes.get(15 + method_len..md_end).ok_or_else(bad)?)?;
+    let rest = bytes.get(md_end..).ok_or_else(bad)?;
+    let body = match kind {
+        INLINE => Body::Inline(rest),
+        BY_REF if rest.len() == netless_pool::Ref::LEN + 4 => {
+            let (r, crc) = rest.split_at(netless_pool::Ref::LEN);
+            Body::ByRef {
+                r: r.try_into().expect("a Ref's length"),
+                crc: u32::from_le_bytes(crc.try_into().expect("4")),
+            }
+        }
+        _ => return Err(bad()),
+    };
     Ok((
         (remaining != u64::MAX).then_some(remaining),
         method,
         metadata,
-        payload,
+        body,
     ))
 }
 
@@ -456,9 +492,21 @@ mod tests {
         let mut md = Metadata::new();
         md.insert("k", b"v");
         let mut out = Vec::new();
-        encode_request(Some(5), "Echo", &md, b"payload", &mut out);
-        let (left, method, got, payload) = decode_request(&out).unwrap();
-        assert_eq!((left, method, payload), (Some(5), "Echo", &b"payload"[..]));
+        encode_request(Some(5), "Echo", &md, Body::Inline(b"payload"), &mut out);
+        let (left, method, got, body) = decode_request(&out).unwrap();
+        assert_eq!(
+            (left, method, body),
+            (Some(5), "Echo", Body::Inline(b"payload"))
+        );
+        let by_ref = Body::ByRef {
+            r: [3; netless_pool::Ref::LEN],
+            crc: 9,
+        };
+        encode_request(None, "E", &md, by_ref, &mut out);
+        assert_eq!(decode_request(&out).unwrap().3, by_ref);
+        for cut in 0..out.len() {
+            let _ = decode_request(&out[..cut]);
+        }
         assert_eq!(got.get("k"), Some(&b"v"[..]));
         encode_reply(
             Err(&Status::new(Code::NotFound, "nope")),

@@ -280,7 +280,12 @@ impl Admissions {
             return;
         }
         if let (Some(polled), Some(rings)) = (&self.polled, rings) {
-            polled.add(PolledConn::new(conn.clone(), client_max, rings));
+            polled.add(PolledConn::new(
+                conn.clone(),
+                client_max,
+                rings,
+                peer_member,
+            ));
         }
         self.inbox.deliver(conn);
         self.links.push(Link {

@@ -211,6 +211,12 @@ impl Server {
         let inbox = server.inbox.take().expect("a fresh server's inbox");
         let polled = (fabric.coherence() == netless_shm::coherence::Coherence::Software)
             .then(|| Arc::new(polled::PolledConns::default()));
+        if let (Some(conns), Some(domain)) = (&polled, &server.state.config.domain) {
+            let view = domain
+                .pages_view(fabric.coherence(), fabric.emulation())
+                .map_err(|e| Status::internal(e.to_string()))?;
+            *conn::lock(&conns.pages) = Some(view);
+        }
         if let Some(conns) = &polled {
             let n = server.state.config.workers;
             for i in 0..n {

@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 use super::conn::{lock, Conn};
 use super::handler::{Request, ResponseBuilder};
 use super::state::ServerState;
-use crate::polled::{decode_request, encode_reply, Backoff, Inbox, Outbox, ServerRings};
+use crate::polled::{decode_request, encode_reply, Backoff, Body, Inbox, Outbox, ServerRings};
 use crate::status::Status;
 
 /// One client's rings, as its poller serves them.
 pub(super) struct PolledConn {
     pub(super) conn: Arc<Conn>,
+    /// The pool member its client proved to be: Refs are taken from it alone.
+    peer: Option<netless_pool::PeerMember>,
     /// The longest reply body its client accepts.
     client_max: usize,
     state: Mutex<Rings>,
@@ -32,9 +34,15 @@ struct Rings {
 }
 
 impl PolledConn {
-    pub(super) fn new(conn: Arc<Conn>, client_max: usize, rings: ServerRings) -> PolledConn {
+    pub(super) fn new(
+        conn: Arc<Conn>,
+        client_max: usize,
+        rings: ServerRings,
+        peer: Option<netless_pool::PeerMember>,
+    ) -> PolledConn {
         PolledConn {
             conn,
+            peer,
             client_max,
             state: Mutex::new(Rings {
                 rings,
@@ -46,7 +54,7 @@ impl PolledConn {
     }
 
     /// Serves what is waiting; whether there was anything to do.
-    fn serve(&self, server: &ServerState) -> bool {
+    fn serve(&self, server: &ServerState, pages: &Mutex<Option<netless_pool::PagesView>>) -> bool {
         let mut rings = lock(&self.state);
         let r = &mut *rings;
         let mut busy = false;
@@ -73,7 +81,17 @@ impl PolledConn {
             busy = true;
             let max_record = r.rings.replies.max_record_len();
             let mut response = ResponseBuilder::default();
-            let outcome = match decode_request(&request) {
+            let mut r_copy = Vec::new();
+            let outcome = match decode_request(&request).and_then(|(left, m, md, body)| {
+                let payload = match body {
+                    Body::Inline(payload) => payload,
+                    Body::ByRef { r, crc } => {
+                        self.read_by_ref(server, pages, &r, crc, &mut r_copy)?;
+                        &r_copy[..]
+                    }
+                };
+                Ok((left, m, md, payload))
+            }) {
                 Ok((remaining, method, metadata, payload)) => {
                     let deadline = remaining
                         .and_then(|ns| Instant::now().checked_add(Duration::from_nanos(ns)));
@@ -138,10 +156,55 @@ impl PolledConn {
     }
 }
 
+impl PolledConn {
+    /// The bytes of a payload sent by reference: the Ref mapped (only if its client's own),
+    /// its pages invalidated and read, and their checksum checked, again for a while if it
+    /// does not match (a page not yet written back), never delivered if it never does.
+    fn read_by_ref(
+        &self,
+        server: &ServerState,
+        pages: &Mutex<Option<netless_pool::PagesView>>,
+        r: &[u8],
+        crc: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Status> {
+        let refused = || Status::invalid_argument("a payload by reference from a non-member");
+        let (Some(domain), Some(peer)) = (&server.config.domain, &self.peer) else {
+            return Err(refused());
+        };
+        let r = netless_pool::Ref::from_bytes(r)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let buf = domain
+            .map_from_member(&r, peer)
+            .map_err(|e| Status::invalid_argument(format!("its Ref: {e}")))?;
+        let mut pages = lock(pages);
+        let view = pages.as_mut().ok_or_else(refused)?;
+        let until = Instant::now() + Duration::from_millis(200);
+        loop {
+            view.read_fresh(&buf, out)
+                .map_err(|e| Status::internal(e.to_string()))?;
+            if netless_ring::polled::crc32c(out) == crc {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                out.clear();
+                return Err(Status::new(
+                    crate::Code::DataLoss,
+                    "the request's pages did not arrive whole (their checksum does not \
+                     match): the client did not write them back",
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
 /// The software-coherent connections of a server.
 #[derive(Default)]
 pub(super) struct PolledConns {
     list: Mutex<Vec<Arc<PolledConn>>>,
+    /// The server's view of its pool's pages, for payloads sent by reference.
+    pub(super) pages: Mutex<Option<netless_pool::PagesView>>,
 }
 
 impl PolledConns {
@@ -168,7 +231,7 @@ impl PolledConns {
             let mut busy = false;
             for conn in &mine {
                 if !conn.conn.is_dead() {
-                    busy |= conn.serve(server);
+                    busy |= conn.serve(server, &self.pages);
                 }
             }
             if busy {
