@@ -271,37 +271,6 @@ fn killed_client(software: bool) {
     let _ = std::fs::remove_file(path);
 }
 
-/// A software-coherent call whose client or server leaves out flushes or invalidations:
-/// what the emulator is for. On coherent hardware every one of these would pass.
-fn call_with_faults(client: Faults, server: Faults) -> Result<netless::Reply, netless::Status> {
-    let path = region("faults");
-    let server_side = open_as(&path, true, Some(server));
-    let client_side = open_as(&path, true, Some(client));
-    let _server = Server::bind("pkg.Faulty", server_config(&server_side), test_handler).unwrap();
-    let result = Client::connect_with("pkg.Faulty", client_config(&client_side)).and_then(|c| {
-        c.call(
-            "Echo",
-            b"through the fabric",
-            &CallOptions::new().timeout(Duration::from_millis(1500)),
-        )
-    });
-    let _ = std::fs::remove_file(path);
-    result
-}
-
-const NO_FLUSH: Faults = Faults {
-    skip_flush: true,
-    skip_invalidate: false,
-};
-const NO_INVALIDATE: Faults = Faults {
-    skip_flush: false,
-    skip_invalidate: true,
-};
-const NONE: Faults = Faults {
-    skip_flush: false,
-    skip_invalidate: false,
-};
-
 #[test]
 fn large_payloads_travel_by_reference_through_the_fabric_pool() {
     by_reference(false);
@@ -391,33 +360,108 @@ fn a_client_playing_another_host_is_served_across_idle_pauses() {
     let _ = std::fs::remove_file(path);
 }
 
+/// A software-coherent call whose client or server leaves out flushes or invalidations on
+/// its data (`data`: rings and pool pages) or on the region's tables (`control`): what the
+/// emulator is for. On coherent hardware every one of these would pass.
+fn call_with_faults(
+    client: (Faults, Faults),
+    server: (Faults, Faults),
+) -> Result<netless::Reply, netless::Status> {
+    let path = region("faults");
+    let member = |(data, control): (Faults, Faults)| {
+        Fabric::open(
+            &path,
+            &FabricOptions {
+                size: 64 << 20,
+                coherence: Coherence::Software,
+                emulation: Some(data),
+                control_faults: control,
+                ..FabricOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let server_side = member(server);
+    let client_side = member(client);
+    let _server = Server::bind("pkg.Faulty", server_config(&server_side), test_handler).unwrap();
+    let result = Client::connect_with("pkg.Faulty", client_config(&client_side)).and_then(|c| {
+        c.call(
+            "Echo",
+            b"through the fabric",
+            &CallOptions::new().timeout(Duration::from_millis(1500)),
+        )
+    });
+    let _ = std::fs::remove_file(path);
+    result
+}
+
+const NO_FLUSH: Faults = Faults {
+    skip_flush: true,
+    skip_invalidate: false,
+};
+const NO_INVALIDATE: Faults = Faults {
+    skip_flush: false,
+    skip_invalidate: true,
+};
+const NONE: Faults = Faults {
+    skip_flush: false,
+    skip_invalidate: false,
+};
+
 #[test]
 fn software_coherence_without_faults_delivers() {
-    let reply = call_with_faults(NONE, NONE).unwrap();
+    let reply = call_with_faults((NONE, NONE), (NONE, NONE)).unwrap();
     assert_eq!(reply.payload, b"through the fabric");
 }
 
 #[test]
 fn a_client_that_does_not_flush_cannot_even_lay_out_its_rings() {
     // Laying out its rings, it reads back lines it never wrote back: they are not there.
-    let err = call_with_faults(NO_FLUSH, NONE).unwrap_err();
+    let err = call_with_faults((NO_FLUSH, NONE), (NONE, NONE)).unwrap_err();
     assert!(err.message().contains("not a polled ring"), "{err}");
 }
 
 #[test]
 fn a_server_that_does_not_flush_is_never_heard() {
-    let err = call_with_faults(NONE, NO_FLUSH).unwrap_err();
+    let err = call_with_faults((NONE, NONE), (NO_FLUSH, NONE)).unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
 }
 
 #[test]
 fn a_client_that_does_not_invalidate_never_sees_its_reply() {
-    let err = call_with_faults(NO_INVALIDATE, NONE).unwrap_err();
+    let err = call_with_faults((NO_INVALIDATE, NONE), (NONE, NONE)).unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
 }
 
 #[test]
 fn a_server_that_does_not_invalidate_never_sees_the_request() {
-    let err = call_with_faults(NONE, NO_INVALIDATE).unwrap_err();
+    let err = call_with_faults((NONE, NONE), (NO_INVALIDATE, NONE)).unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+}
+
+#[test]
+fn a_server_that_does_not_write_back_its_directory_entry_is_never_found() {
+    let err = call_with_faults((NONE, NONE), (NONE, NO_FLUSH)).unwrap_err();
+    assert!(err.message().contains("not found in the fabric"), "{err}");
+}
+
+#[test]
+fn a_client_that_does_not_invalidate_the_directory_never_finds_a_new_service() {
+    // It opened the region before the server published: its copy of the directory is stale.
+    let err = call_with_faults((NONE, NO_INVALIDATE), (NONE, NONE)).unwrap_err();
+    assert!(err.message().contains("not found in the fabric"), "{err}");
+}
+
+#[test]
+fn a_server_that_does_not_invalidate_connect_slots_admits_nobody() {
+    // It reads the request words from its stale copy: no client there, so nobody is
+    // admitted and nothing of anyone's is mapped.
+    let err = call_with_faults((NONE, NONE), (NONE, NO_INVALIDATE)).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+}
+
+#[test]
+fn a_client_that_does_not_write_back_its_request_is_never_admitted() {
+    let err = call_with_faults((NONE, NO_FLUSH), (NONE, NONE)).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
 }

@@ -11,15 +11,17 @@ use super::layout::{Geometry, Words, DIRECTORY, LINE, MAX_NAME};
 use super::members::{generation, phase, MemberId};
 use crate::sync::Ordering;
 
+// Line 0: the state word alone (swapped by whoever claims or withdraws the entry); lines
+// 1 and 2: the publisher's fields; lines 3 to 7: the name.
 const E_STATE: usize = 0;
-const E_OWNER: usize = 8;
-const E_REPLICA: usize = 16;
-const E_NAME_LEN: usize = 24;
-const E_EXTENTS: usize = 32;
+const E_OWNER: usize = LINE;
+const E_REPLICA: usize = LINE + 8;
+const E_NAME_LEN: usize = LINE + 16;
+const E_EXTENTS: usize = LINE + 24;
 /// Extents an entry carries.
 pub const ENTRY_EXTENTS: usize = 3;
 const E_ATTRS: usize = E_EXTENTS + ENTRY_EXTENTS * 16;
-const E_NAME: usize = 2 * LINE;
+const E_NAME: usize = 3 * LINE;
 
 const FREE: u64 = 0;
 const CLAIMING: u64 = 1;
@@ -70,26 +72,14 @@ pub(crate) fn publish(words: &Words, g: &Geometry, entry: &Entry) -> Option<u32>
         {
             continue;
         }
-        words
-            .word(base + E_OWNER)
-            .store(entry.owner.owner_word(), Ordering::Relaxed);
-        words
-            .word(base + E_REPLICA)
-            .store(replica_word(entry.replica), Ordering::Relaxed);
-        words
-            .word(base + E_NAME_LEN)
-            .store(entry.name.len() as u64, Ordering::Relaxed);
+        words.store(base + E_OWNER, entry.owner.owner_word());
+        words.store(base + E_REPLICA, replica_word(entry.replica));
+        words.store(base + E_NAME_LEN, entry.name.len() as u64);
         for (i, e) in entry.extents.iter().enumerate() {
-            words
-                .word(base + E_EXTENTS + 16 * i)
-                .store(e.offset, Ordering::Relaxed);
-            words
-                .word(base + E_EXTENTS + 16 * i + 8)
-                .store(e.len, Ordering::Relaxed);
+            words.store(base + E_EXTENTS + 16 * i, e.offset);
+            words.store(base + E_EXTENTS + 16 * i + 8, e.len);
         }
-        words
-            .word(base + E_ATTRS)
-            .store(entry.attrs, Ordering::Relaxed);
+        words.store(base + E_ATTRS, entry.attrs);
         words.write(base + E_NAME, entry.name.as_bytes());
         state.store((gen << 8) | LIVE, Ordering::Release);
         return Some(index as u32);
@@ -105,8 +95,7 @@ pub(crate) fn withdraw(words: &Words, g: &Geometry, index: u32, owner: MemberId)
     let base = g.entry(index as usize);
     let state = words.word(base + E_STATE);
     let s = state.load(Ordering::Acquire);
-    if phase(s) == FREE || words.word(base + E_OWNER).load(Ordering::Acquire) != owner.owner_word()
-    {
+    if phase(s) == FREE || words.load(base + E_OWNER) != owner.owner_word() {
         return;
     }
     let _ = state.compare_exchange(
@@ -141,12 +130,12 @@ pub(crate) fn read(words: &Words, g: &Geometry, index: u32) -> Option<Entry> {
     if phase(before) != LIVE {
         return None;
     }
-    let owner = MemberId::from_owner_word(words.word(base + E_OWNER).load(Ordering::Acquire))?;
-    let replica = match words.word(base + E_REPLICA).load(Ordering::Acquire) {
+    let owner = MemberId::from_owner_word(words.load(base + E_OWNER))?;
+    let replica = match words.load(base + E_REPLICA) {
         0 => None,
         r => Some(u32::try_from(r - 1).ok()?),
     };
-    let name_len = usize::try_from(words.word(base + E_NAME_LEN).load(Ordering::Acquire)).ok()?;
+    let name_len = usize::try_from(words.load(base + E_NAME_LEN)).ok()?;
     if name_len == 0 || name_len > MAX_NAME {
         return None;
     }
@@ -154,14 +143,10 @@ pub(crate) fn read(words: &Words, g: &Geometry, index: u32) -> Option<Entry> {
     words.read(base + E_NAME, &mut name);
     let mut extents = [Extent { offset: 0, len: 0 }; ENTRY_EXTENTS];
     for (i, e) in extents.iter_mut().enumerate() {
-        e.offset = words
-            .word(base + E_EXTENTS + 16 * i)
-            .load(Ordering::Acquire);
-        e.len = words
-            .word(base + E_EXTENTS + 16 * i + 8)
-            .load(Ordering::Acquire);
+        e.offset = words.load(base + E_EXTENTS + 16 * i);
+        e.len = words.load(base + E_EXTENTS + 16 * i + 8);
     }
-    let attrs = words.word(base + E_ATTRS).load(Ordering::Acquire);
+    let attrs = words.load(base + E_ATTRS);
     if state.load(Ordering::Acquire) != before {
         return None;
     }

@@ -6,7 +6,11 @@
 //! derived from the region's size, so a member that opens the region recomputes the layout
 //! and checks that the superblock agrees before it trusts any offset.
 
-use crate::sync::AtomicU64;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use crate::coherence::View;
+use crate::sync::{fence, AtomicU64, Ordering};
 
 /// `NLFABRIC` in ASCII, little-endian: written last when a region is formatted.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NLFABRIC");
@@ -105,59 +109,124 @@ impl Geometry {
 
 /// The mapped region as words and bytes: every access is bounds-checked against the
 /// mapping, so no offset (ours or read from the region) reaches outside it.
+///
+/// Two kinds of words: *atomic* ones ([`Words::word`]: state words, owner words), which
+/// every member swaps and which the region keeps coherent (on a fabric without hardware
+/// coherence they need the device's atomics); and *single-writer* fields ([`Words::load`],
+/// [`Words::store`], [`Words::read`], [`Words::write`]), each line written by one member.
+/// In a software-coherent region the latter go through a coherence view: a store is
+/// written back at once, a load invalidates its line first. The layouts keep the two kinds
+/// on separate lines, since a write-back is of whole lines.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Words {
     base: *mut u8,
     len: usize,
+    /// The view single-writer fields go through, in a software-coherent region.
+    view: Option<NonNull<Mutex<View<'static>>>>,
 }
 
-// SAFETY: `Words` is a pointer and a length into a shared mapping that outlives every use
-// (the `Fabric` owning the mapping holds it); all access is through atomics or volatile
-// copies, which are sound from any thread.
+// SAFETY: `Words` is a pointer and a length into a shared mapping, and one to the view of
+// it, that outlive every use (the `Fabric` owning both holds them, and every holder of a
+// copy holds the `Fabric`); all access is through atomics, volatile copies, or the view
+// under its lock, which are sound from any thread.
 unsafe impl Send for Words {}
 // SAFETY: as for `Send`: shared references hand out only atomics and copies.
 unsafe impl Sync for Words {}
 
 impl Words {
     /// # Safety
-    /// `base` must be valid for reads and writes of `len` bytes, aligned to 8, for as long as
-    /// any copy of the returned value is used.
-    pub(crate) unsafe fn new(base: *mut u8, len: usize) -> Words {
-        Words { base, len }
+    /// `base` must be valid for reads and writes of `len` bytes, aligned to 64, and `view`
+    /// (a view of the same bytes) valid, for as long as any copy of the returned value is
+    /// used.
+    pub(crate) unsafe fn new(
+        base: *mut u8,
+        len: usize,
+        view: Option<NonNull<Mutex<View<'static>>>>,
+    ) -> Words {
+        Words { base, len, view }
     }
 
-    /// The aligned 8-byte word at `offset`. Offsets are computed from a validated geometry;
-    /// one outside the mapping is a bug here, not peer input, so it panics.
-    pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
+    fn check(&self, offset: usize, len: usize) {
         assert!(
-            offset.is_multiple_of(8) && offset.checked_add(8).is_some_and(|end| end <= self.len),
-            "fabric word {offset:#x} outside the {}-byte mapping",
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "fabric bytes {offset:#x}+{len} outside the {}-byte mapping",
             self.len
         );
+    }
+
+    fn view(&self) -> Option<std::sync::MutexGuard<'_, View<'static>>> {
+        self.view.map(|v| {
+            // SAFETY: the view outlives `self` (see `new`), and is only used under its lock.
+            let view = unsafe { v.as_ref() };
+            view.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        })
+    }
+
+    /// The aligned 8-byte atomic word at `offset`. Offsets are computed from a validated
+    /// geometry; one outside the mapping is a bug here, not peer input, so it panics.
+    pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset.is_multiple_of(8));
+        self.check(offset, 8);
         // SAFETY: in bounds and 8-aligned (the base is page aligned), checked above; the
         // mapping outlives `self` (see `new`); AtomicU64 has the layout of u64 and every
         // process accesses these words atomically.
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }
     }
 
-    /// Copies `out.len()` bytes at `offset` out of the region.
+    /// The single-writer field at `offset`, fresh from the region.
+    pub(crate) fn load(&self, offset: usize) -> u64 {
+        self.check(offset, 8);
+        match self.view() {
+            Some(mut view) => {
+                let _ = view.invalidate(offset & !(LINE - 1), LINE);
+                view.load_u64(offset).unwrap_or(0)
+            }
+            None => self.word(offset).load(Ordering::Acquire),
+        }
+    }
+
+    /// Stores the single-writer field at `offset` and writes it back.
+    pub(crate) fn store(&self, offset: usize, value: u64) {
+        self.check(offset, 8);
+        match self.view() {
+            Some(mut view) => {
+                let _ = view.store_u64(offset, value);
+                let _ = view.flush(offset & !(LINE - 1), LINE);
+            }
+            None => self.word(offset).store(value, Ordering::Release),
+        }
+    }
+
+    /// Copies `out.len()` bytes at `offset` out of the region, fresh from it.
     pub(crate) fn read(&self, offset: usize, out: &mut [u8]) {
-        assert!(offset
-            .checked_add(out.len())
-            .is_some_and(|end| end <= self.len));
+        self.check(offset, out.len());
+        if let Some(mut view) = self.view() {
+            let start = offset & !(LINE - 1);
+            let _ = view.invalidate(start, (offset + out.len()).next_multiple_of(LINE) - start);
+            if view.read(offset, out).is_err() {
+                out.fill(0);
+            }
+            return;
+        }
         for (i, b) in out.iter_mut().enumerate() {
             // SAFETY: `offset + i < len`, checked above; a volatile read of a byte another
             // process may be writing yields some byte, never undefined behaviour in practice
             // for plain shared memory (the value is validated by the caller).
             *b = unsafe { self.base.add(offset + i).read_volatile() };
         }
+        fence(Ordering::Acquire);
     }
 
-    /// Copies `bytes` into the region at `offset`.
+    /// Copies `bytes` into the region at `offset` and writes them back.
     pub(crate) fn write(&self, offset: usize, bytes: &[u8]) {
-        assert!(offset
-            .checked_add(bytes.len())
-            .is_some_and(|end| end <= self.len));
+        self.check(offset, bytes.len());
+        if let Some(mut view) = self.view() {
+            let _ = view.write(offset, bytes);
+            let start = offset & !(LINE - 1);
+            let _ = view.flush(start, (offset + bytes.len()).next_multiple_of(LINE) - start);
+            return;
+        }
+        fence(Ordering::Release);
         for (i, &b) in bytes.iter().enumerate() {
             // SAFETY: `offset + i < len`, checked above; this process owns the line it
             // writes by the protocol (a directory entry it claimed).

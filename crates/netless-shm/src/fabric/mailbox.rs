@@ -22,10 +22,13 @@ pub const WORDS: usize = 8;
 /// Longest reason a server leaves in a slot.
 pub const MAX_REASON: usize = 2 * LINE - 16;
 
+// Line 0: the state word alone (swapped by both sides); lines 1 and 2: the client's owner
+// word and request; line 3: the server's reply; line 4: the client's "gone"; line 5: the
+// server's "gone"; lines 6 and 7: the server's code and reason. One writer per line.
 const S_STATE: usize = 0;
-const S_CLIENT: usize = 8;
-const S_REQUEST: usize = 16;
-const S_REPLY: usize = 2 * LINE;
+const S_CLIENT: usize = LINE;
+const S_REQUEST: usize = LINE + 8;
+const S_REPLY: usize = 3 * LINE;
 const S_CLIENT_GONE: usize = 4 * LINE;
 const S_SERVER_GONE: usize = 5 * LINE;
 const S_CODE: usize = 6 * LINE;
@@ -62,11 +65,13 @@ impl Phase {
 }
 
 /// A mailbox: the slots in one extent of the region.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Mailbox {
     pub(crate) words: Words,
     pub(crate) base: usize,
     pub(crate) slots: usize,
+    /// Keeps the mapping (and the view `words` uses) alive.
+    pub(crate) _fabric: super::Fabric,
 }
 
 /// A request a client left in a slot.
@@ -88,14 +93,27 @@ impl Mailbox {
         self.slots
     }
 
-    fn at(&self, slot: usize, off: usize) -> &crate::sync::AtomicU64 {
+    /// The atomic state word of `slot`.
+    fn state_word(&self, slot: usize) -> &crate::sync::AtomicU64 {
         assert!(slot < self.slots);
-        self.words.word(self.base + slot * SLOT_BYTES + off)
+        self.words.word(self.base + slot * SLOT_BYTES + S_STATE)
+    }
+
+    /// A single-writer field of `slot`, fresh.
+    fn load(&self, slot: usize, off: usize) -> u64 {
+        assert!(slot < self.slots);
+        self.words.load(self.base + slot * SLOT_BYTES + off)
+    }
+
+    /// Stores (and writes back) a single-writer field of `slot`.
+    fn store(&self, slot: usize, off: usize, value: u64) {
+        assert!(slot < self.slots);
+        self.words.store(self.base + slot * SLOT_BYTES + off, value);
     }
 
     /// The slot's phase and sequence number (`None` for a phase no one writes).
     pub fn state(&self, slot: usize) -> Option<(Phase, u64)> {
-        let s = self.at(slot, S_STATE).load(Ordering::Acquire);
+        let s = self.state_word(slot).load(Ordering::Acquire);
         Some((Phase::of(s)?, s >> 8))
     }
 
@@ -103,7 +121,7 @@ impl Mailbox {
     /// connection's sequence number.
     pub fn post(&self, client: MemberId, request: [u64; WORDS]) -> Option<(usize, u64)> {
         for slot in 0..self.slots {
-            let state = self.at(slot, S_STATE);
+            let state = self.state_word(slot);
             let s = state.load(Ordering::Acquire);
             if Phase::of(s) != Some(Phase::Free) {
                 continue;
@@ -120,11 +138,9 @@ impl Mailbox {
             {
                 continue;
             }
-            self.at(slot, S_CLIENT)
-                .store(client.owner_word(), Ordering::Relaxed);
+            self.store(slot, S_CLIENT, client.owner_word());
             for (i, w) in request.iter().enumerate() {
-                self.at(slot, S_REQUEST + 8 * i)
-                    .store(*w, Ordering::Relaxed);
+                self.store(slot, S_REQUEST + 8 * i, *w);
             }
             state.store((seq << 8) | Phase::Request as u64, Ordering::Release);
             return Some((slot, seq));
@@ -140,14 +156,12 @@ impl Mailbox {
                 (phase == Phase::Request).then(|| {
                     let mut words = [0u64; WORDS];
                     for (i, w) in words.iter_mut().enumerate() {
-                        *w = self.at(slot, S_REQUEST + 8 * i).load(Ordering::Acquire);
+                        *w = self.load(slot, S_REQUEST + 8 * i);
                     }
                     Request {
                         slot,
                         seq,
-                        client: MemberId::from_owner_word(
-                            self.at(slot, S_CLIENT).load(Ordering::Acquire),
-                        ),
+                        client: MemberId::from_owner_word(self.load(slot, S_CLIENT)),
                         words,
                     }
                 })
@@ -157,13 +171,13 @@ impl Mailbox {
 
     /// The member that claimed `slot`, as the slot says.
     pub fn client(&self, slot: usize) -> Option<MemberId> {
-        MemberId::from_owner_word(self.at(slot, S_CLIENT).load(Ordering::Acquire))
+        MemberId::from_owner_word(self.load(slot, S_CLIENT))
     }
 
     /// Server: admits the request in `slot` (if it is still connection `seq`'s) with `reply`.
     pub fn accept(&self, slot: usize, seq: u64, reply: [u64; WORDS]) -> bool {
         for (i, w) in reply.iter().enumerate() {
-            self.at(slot, S_REPLY + 8 * i).store(*w, Ordering::Relaxed);
+            self.store(slot, S_REPLY + 8 * i, *w);
         }
         self.answer(slot, seq, Phase::Accepted)
     }
@@ -175,7 +189,7 @@ impl Mailbox {
     }
 
     fn answer(&self, slot: usize, seq: u64, phase: Phase) -> bool {
-        self.at(slot, S_STATE)
+        self.state_word(slot)
             .compare_exchange(
                 (seq << 8) | Phase::Request as u64,
                 (seq << 8) | phase as u64,
@@ -190,10 +204,8 @@ impl Mailbox {
         while !reason.is_char_boundary(end) {
             end -= 1;
         }
-        self.at(slot, S_CODE)
-            .store(u64::from(code), Ordering::Relaxed);
-        self.at(slot, S_REASON_LEN)
-            .store(end as u64, Ordering::Relaxed);
+        self.store(slot, S_CODE, u64::from(code));
+        self.store(slot, S_REASON_LEN, end as u64);
         self.words.write(
             self.base + slot * SLOT_BYTES + S_REASON,
             &reason.as_bytes()[..end],
@@ -203,8 +215,8 @@ impl Mailbox {
     /// The code and reason the server left in `slot` (validated: at most [`MAX_REASON`]
     /// bytes of UTF-8, else a placeholder).
     pub fn reason(&self, slot: usize) -> (u32, String) {
-        let code = self.at(slot, S_CODE).load(Ordering::Acquire) as u32;
-        let len = (self.at(slot, S_REASON_LEN).load(Ordering::Acquire) as usize).min(MAX_REASON);
+        let code = self.load(slot, S_CODE) as u32;
+        let len = (self.load(slot, S_REASON_LEN) as usize).min(MAX_REASON);
         let mut bytes = vec![0u8; len];
         self.words
             .read(self.base + slot * SLOT_BYTES + S_REASON, &mut bytes);
@@ -217,38 +229,38 @@ impl Mailbox {
     pub fn reply(&self, slot: usize) -> [u64; WORDS] {
         let mut words = [0u64; WORDS];
         for (i, w) in words.iter_mut().enumerate() {
-            *w = self.at(slot, S_REPLY + 8 * i).load(Ordering::Acquire);
+            *w = self.load(slot, S_REPLY + 8 * i);
         }
         words
     }
 
     /// Client: says connection `seq` is over on its side.
     pub fn client_gone(&self, slot: usize, seq: u64) {
-        self.at(slot, S_CLIENT_GONE).store(seq, Ordering::Release);
+        self.store(slot, S_CLIENT_GONE, seq);
     }
 
     /// Server: says connection `seq` is over on its side, and why.
     pub fn server_gone(&self, slot: usize, seq: u64, code: u32, reason: &str) {
-        if self.at(slot, S_SERVER_GONE).load(Ordering::Acquire) == seq {
+        if self.load(slot, S_SERVER_GONE) == seq {
             return;
         }
         self.set_reason(slot, code, reason);
-        self.at(slot, S_SERVER_GONE).store(seq, Ordering::Release);
+        self.store(slot, S_SERVER_GONE, seq);
     }
 
     /// Whether the client said connection `seq` is over.
     pub fn is_client_gone(&self, slot: usize, seq: u64) -> bool {
-        self.at(slot, S_CLIENT_GONE).load(Ordering::Acquire) == seq
+        self.load(slot, S_CLIENT_GONE) == seq
     }
 
     /// Whether the server said connection `seq` is over.
     pub fn is_server_gone(&self, slot: usize, seq: u64) -> bool {
-        self.at(slot, S_SERVER_GONE).load(Ordering::Acquire) == seq
+        self.load(slot, S_SERVER_GONE) == seq
     }
 
     /// Server: frees `slot` if it still stands for connection `seq`.
     pub fn release(&self, slot: usize, seq: u64) -> bool {
-        let state = self.at(slot, S_STATE);
+        let state = self.state_word(slot);
         let s = state.load(Ordering::Acquire);
         s >> 8 == seq
             && state

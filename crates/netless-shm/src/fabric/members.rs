@@ -113,7 +113,7 @@ impl Observer {
                 return held;
             }
         }
-        let beat = judge.words.word(slot + M_HEARTBEAT).load(Ordering::Acquire);
+        let beat = judge.words.load(slot + M_HEARTBEAT);
         let now = Instant::now();
         let (last, since) = self.seen.entry(member).or_insert((beat, now));
         if *last != beat {
@@ -198,7 +198,7 @@ mod tests {
         let mut region = vec![0u64; (super::super::layout::MIN_SIZE / 8) as usize];
         let g = Geometry::of(super::super::layout::MIN_SIZE).unwrap();
         // SAFETY: the vector outlives `words` and is 8-aligned; only this thread uses it.
-        let words = unsafe { Words::new(region.as_mut_ptr().cast(), region.len() * 8) };
+        let words = unsafe { Words::new(region.as_mut_ptr().cast(), region.len() * 8, None) };
         let member = MemberId {
             index: 3,
             generation: 7,
@@ -219,9 +219,7 @@ mod tests {
         let mut observer = Observer::default();
         let start = Instant::now();
         while start.elapsed() < Duration::from_millis(300) {
-            words
-                .word(slot + M_HEARTBEAT)
-                .fetch_add(1, Ordering::Relaxed);
+            words.store(slot + M_HEARTBEAT, words.load(slot + M_HEARTBEAT) + 1);
             assert!(observer.alive(&judge, member), "it beats");
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -46,7 +46,7 @@ pub use layout::{DIRECTORY, MAX_NAME, MAX_SIZE, MEMBERS, MIN_SIZE, UNIT};
 pub use mailbox::{Mailbox, Phase, Request, MAX_REASON, SLOTS_PER_UNIT, SLOT_BYTES, WORDS};
 pub use members::MemberId;
 
-use crate::coherence::{Coherence, Faults};
+use crate::coherence::{Coherence, Faults, View};
 use crate::sync::Ordering;
 use crate::{Error, Published, PublishedView, Segment};
 use layout::{Geometry, Words};
@@ -71,6 +71,10 @@ pub struct FabricOptions {
     /// writes seen only through invalidations, its own published only through flushes),
     /// leaving out the operations the faults name. `None`: the real memory.
     pub emulation: Option<Faults>,
+    /// With [`FabricOptions::emulation`], the operations this member leaves out on the
+    /// region's own tables (members, directory, connect slots) rather than on its data
+    /// (rings, pool pages), so tests can break one plane at a time.
+    pub control_faults: Faults,
     /// Test backend for hosts: this member claims a kernel of its own (a random boot id),
     /// so the others judge it by its heartbeat alone and wake it by no futex, as they would
     /// a process on another host.
@@ -84,6 +88,7 @@ impl Default for FabricOptions {
             coherence: Coherence::Hardware,
             lease: DEFAULT_LEASE,
             emulation: None,
+            control_faults: Faults::default(),
             another_kernel: false,
         }
     }
@@ -105,6 +110,9 @@ struct Inner {
     file: File,
     /// Holds this member's liveness token (a lock byte of the file) while it is open.
     token_file: File,
+    /// The view single-writer fields go through, in a software-coherent region. Declared
+    /// before `map`, which it points into, so it drops first.
+    _view: Option<Box<Mutex<View<'static>>>>,
     map: MmapRaw,
     words: Words,
     geometry: Geometry,
@@ -186,9 +194,45 @@ impl Fabric {
                 source,
             })?;
         // SAFETY: the mapping is `size` bytes, page aligned, and lives in `Inner` as long as
-        // any `Words` copy (they are all inside `Inner` or borrowed from it).
-        let words = unsafe { Words::new(map.as_mut_ptr(), size as usize) };
-        let (coherence, lease) = format_or_check(&words, size, options).map_err(fail)?;
+        // any `Words` copy (they are all inside `Inner`, or held with a `Fabric`).
+        let plain = unsafe { Words::new(map.as_mut_ptr(), size as usize, None) };
+        let (coherence, lease) = format_or_check(&plain, size, options).map_err(fail)?;
+        // In a software-coherent region the single-writer fields go through a view: written
+        // back at once, invalidated before they are read (through the emulator in tests).
+        let view = match coherence {
+            Coherence::Hardware => None,
+            Coherence::Software => {
+                let bad = |e: crate::ViewError| fail(format!("cannot view it: {e}"));
+                // SAFETY: the view covers the mapping, which `Inner` keeps for longer (it is
+                // declared after the view); other members touch it atomically or by views.
+                let view = unsafe {
+                    match options.emulation {
+                        Some(_) => {
+                            let faults = options.control_faults;
+                            let mut v = crate::coherence::Emulated::from_raw(
+                                map.as_mut_ptr(),
+                                size as usize,
+                            )
+                            .map_err(bad)?;
+                            v.set_faults(faults);
+                            View::Emulated(v)
+                        }
+                        None => View::Direct(
+                            crate::coherence::Direct::from_raw(
+                                map.as_mut_ptr(),
+                                size as usize,
+                                Coherence::Software,
+                            )
+                            .map_err(bad)?,
+                        ),
+                    }
+                };
+                Some(Box::new(Mutex::new(view)))
+            }
+        };
+        let view_ptr = view.as_deref().map(std::ptr::NonNull::from);
+        // SAFETY: as for `plain`; the view lives in `Inner` beside the mapping.
+        let words = unsafe { Words::new(map.as_mut_ptr(), size as usize, view_ptr) };
         let boot_id = if options.another_kernel {
             members::random_boot_id()
         } else {
@@ -199,6 +243,7 @@ impl Fabric {
             path: path.to_owned(),
             file,
             token_file,
+            _view: view,
             map,
             words,
             geometry,
@@ -490,6 +535,7 @@ impl Fabric {
             words: self.inner.words,
             base: extent.offset as usize,
             slots: extent.len as usize / SLOT_BYTES,
+            _fabric: self.clone(),
         })
     }
 
@@ -639,15 +685,12 @@ fn join(
         words.write(slot + members::M_BOOT_ID, &boot_id);
         let pid_uid =
             u64::from(std::process::id()) | (u64::from(rustix::process::geteuid().as_raw()) << 32);
-        words
-            .word(slot + members::M_PID_UID)
-            .store(pid_uid, Ordering::Relaxed);
-        words
-            .word(slot + members::M_LEASE_NS)
-            .store(lease.as_nanos() as u64, Ordering::Relaxed);
-        words
-            .word(slot + members::M_HEARTBEAT)
-            .fetch_add(1, Ordering::Release);
+        words.store(slot + members::M_PID_UID, pid_uid);
+        words.store(slot + members::M_LEASE_NS, lease.as_nanos() as u64);
+        words.store(
+            slot + members::M_HEARTBEAT,
+            words.load(slot + members::M_HEARTBEAT) + 1,
+        );
         return Ok((me, token_file));
     }
     Err(format!(
@@ -675,10 +718,11 @@ fn run(weak: Weak<Inner>) {
 impl Fabric {
     fn beat(&self) {
         let slot = self.inner.geometry.member(self.inner.me.index as usize);
-        self.inner
-            .words
-            .word(slot + members::M_HEARTBEAT)
-            .fetch_add(1, Ordering::Release);
+        let words = &self.inner.words;
+        words.store(
+            slot + members::M_HEARTBEAT,
+            words.load(slot + members::M_HEARTBEAT) + 1,
+        );
     }
 
     fn run_watchers(&self) {

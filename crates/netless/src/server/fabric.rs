@@ -121,7 +121,7 @@ impl Admissions {
         for request in self.mailbox.requests() {
             self.admit(&server, fabric, request);
         }
-        let mailbox = self.mailbox;
+        let mailbox = self.mailbox.clone();
         self.links.retain_mut(|link| link.step(fabric, &mailbox));
         self.free_stale_claims(fabric.lease());
         true
