@@ -186,3 +186,43 @@ fn a_member_that_left_is_dead_at_once() {
     assert!(!me.is_alive(id));
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn a_member_elsewhere_lives_by_the_heartbeats_it_writes_back() {
+    use netless_shm::coherence::{Coherence, Faults};
+    let path = region("beats");
+    let member = |elsewhere: bool, control_faults: Faults| {
+        Fabric::open(
+            &path,
+            &FabricOptions {
+                size: 8 << 20,
+                coherence: Coherence::Software,
+                lease: Duration::from_millis(200),
+                emulation: Some(Faults::default()),
+                control_faults,
+                another_kernel: elsewhere,
+            },
+        )
+        .unwrap()
+    };
+    let me = member(false, Faults::default());
+    let beating = member(true, Faults::default());
+    let silent = member(
+        true,
+        Faults {
+            skip_flush: true,
+            skip_invalidate: false,
+        },
+    );
+    assert!(!me.same_kernel(beating.member()));
+    // Judged by heartbeat alone: the one whose beats reach the region lives on, the one
+    // that never writes them back dies a lease after it was first seen.
+    let start = Instant::now();
+    let _ = me.is_alive(silent.member());
+    while start.elapsed() < Duration::from_millis(600) {
+        assert!(me.is_alive(beating.member()));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!me.is_alive(silent.member()));
+    let _ = std::fs::remove_file(path);
+}

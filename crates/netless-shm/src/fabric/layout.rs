@@ -158,7 +158,8 @@ impl Words {
         self.view.map(|v| {
             // SAFETY: the view outlives `self` (see `new`), and is only used under its lock.
             let view = unsafe { v.as_ref() };
-            view.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+            view.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
         })
     }
 
