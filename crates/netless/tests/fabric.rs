@@ -360,6 +360,48 @@ fn a_client_playing_another_host_is_served_across_idle_pauses() {
     let _ = std::fs::remove_file(path);
 }
 
+#[test]
+fn replies_deferred_to_another_thread_arrive_over_software_coherence() {
+    let path = region("deferred");
+    let (sf, cf) = (open_as(&path, true, None), open_as(&path, true, None));
+    fn handler<'a>(
+        req: &netless::Request<'a>,
+        resp: &mut netless::ResponseBuilder<'a>,
+    ) -> Result<(), netless::Status> {
+        if req.method != "Later" {
+            return test_handler(req, resp);
+        }
+        let reply = resp.defer()?;
+        let payload = req.payload.to_vec();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            if payload == b"fail" {
+                let _ = reply.fail(&netless::Status::new(Code::Aborted, "asked to"));
+            } else {
+                let _ = reply.send(&netless::Metadata::new(), &payload);
+            }
+        });
+        Ok(())
+    }
+    let _server = Server::bind("pkg.Later", server_config(&sf), handler).unwrap();
+    let client = Client::connect_with("pkg.Later", client_config(&cf)).unwrap();
+    for i in 0..20u32 {
+        let payload = i.to_le_bytes();
+        assert_eq!(
+            client.call("Later", &payload, &opts()).unwrap().payload,
+            payload
+        );
+        // Calls answered at once in between.
+        assert_eq!(
+            client.call("Echo", b"now", &opts()).unwrap().payload,
+            b"now"
+        );
+    }
+    let err = client.call("Later", b"fail", &opts()).unwrap_err();
+    assert_eq!((err.code(), err.message()), (Code::Aborted, "asked to"));
+    let _ = std::fs::remove_file(path);
+}
+
 /// A software-coherent call whose client or server leaves out flushes or invalidations on
 /// its data (`data`: rings and pool pages) or on the region's tables (`control`): what the
 /// emulator is for. On coherent hardware every one of these would pass.

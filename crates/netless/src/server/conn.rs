@@ -56,6 +56,8 @@ pub(super) struct Conn {
     /// The member of our page-pool domain the client proved to be, if any: its payloads may
     /// then arrive as Refs, only ones it created.
     pub(super) peer_member: Option<netless_pool::PeerMember>,
+    /// Its polled rings, on a software-coherent fabric: deferred replies go there.
+    pub(super) polled: std::sync::OnceLock<std::sync::Weak<super::polled::PolledConn>>,
 }
 
 /// What the handshake settled for a new connection.
@@ -128,6 +130,7 @@ impl Conn {
             partials: Mutex::new(HashMap::new()),
             backlog: Mutex::new(Backlog::default()),
             peer_member: a.peer_member,
+            polled: std::sync::OnceLock::new(),
         }
     }
 

@@ -84,6 +84,9 @@ impl DeferredReply {
                 "the client's connection is closed; the reply was not sent",
             ));
         }
+        if let Some(polled) = self.conn.polled.get().and_then(std::sync::Weak::upgrade) {
+            return polled.respond(self.call_id, code, metadata, payload);
+        }
         if NotifySection::active() && self.conn.pipelined.load(Ordering::Relaxed) {
             // On a worker, inside a batch or its handler's poll: gathered per connection and
             // sent as reply batches when the section ends.

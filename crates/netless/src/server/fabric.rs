@@ -280,12 +280,14 @@ impl Admissions {
             return;
         }
         if let (Some(polled), Some(rings)) = (&self.polled, rings) {
-            polled.add(PolledConn::new(
+            let polled_conn = Arc::new(PolledConn::new(
                 conn.clone(),
                 client_max,
                 rings,
                 peer_member,
             ));
+            let _ = conn.polled.set(Arc::downgrade(&polled_conn));
+            polled.add(polled_conn);
         }
         self.inbox.deliver(conn);
         self.links.push(Link {

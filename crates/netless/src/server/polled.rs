@@ -14,7 +14,8 @@ use super::conn::{lock, Conn};
 use super::handler::{Request, ResponseBuilder};
 use super::state::ServerState;
 use crate::polled::{decode_request, encode_reply, Backoff, Body, Inbox, Outbox, ServerRings};
-use crate::status::Status;
+use crate::status::{Code, ReplyCode, Status};
+use crate::wire::metadata::Metadata;
 
 /// One client's rings, as its poller serves them.
 pub(super) struct PolledConn {
@@ -30,7 +31,6 @@ struct Rings {
     rings: ServerRings,
     inbox: Inbox,
     outbox: Outbox,
-    message: Vec<u8>,
 }
 
 impl PolledConn {
@@ -48,111 +48,137 @@ impl PolledConn {
                 rings,
                 inbox: Inbox::default(),
                 outbox: Outbox::default(),
-                message: Vec::new(),
             }),
         }
     }
 
-    /// Serves what is waiting; whether there was anything to do.
+    /// Serves what is waiting; whether there was anything to do. The rings' lock is not
+    /// held while a handler runs: a reply it defers may be sent from any thread, this one
+    /// included.
     fn serve(&self, server: &ServerState, pages: &Mutex<Option<netless_pool::PagesView>>) -> bool {
-        let mut rings = lock(&self.state);
-        let r = &mut *rings;
         let mut busy = false;
-        match r.outbox.flush(&mut r.rings.replies) {
-            Ok(true) => {}
-            Ok(false) => return false,
-            Err(status) => {
-                self.conn.close(status);
-                return false;
-            }
-        }
         for _ in 0..16 {
-            let (call_id, request) = match r
-                .inbox
-                .poll(&mut r.rings.requests, server.config.max_message)
-            {
-                Ok(Some(message)) => message,
-                Ok(None) => break,
-                Err(status) => {
-                    server.violated(&self.conn, status.message());
-                    return false;
+            let (call_id, request) = {
+                let mut rings = lock(&self.state);
+                let r = &mut *rings;
+                match r.outbox.flush(&mut r.rings.replies) {
+                    Ok(true) => {}
+                    Ok(false) => return busy,
+                    Err(status) => {
+                        self.conn.close(status);
+                        return false;
+                    }
+                }
+                match r
+                    .inbox
+                    .poll(&mut r.rings.requests, server.config.max_message)
+                {
+                    Ok(Some(message)) => message,
+                    Ok(None) => return busy,
+                    Err(status) => {
+                        server.violated(&self.conn, status.message());
+                        return false;
+                    }
                 }
             };
             busy = true;
-            let max_record = r.rings.replies.max_record_len();
             let mut response = ResponseBuilder::default();
-            let mut r_copy = Vec::new();
-            let outcome = match decode_request(&request).and_then(|(left, m, md, body)| {
-                let payload = match body {
-                    Body::Inline(payload) => payload,
-                    Body::ByRef { r, crc } => {
-                        self.read_by_ref(server, pages, &r, crc, &mut r_copy)?;
-                        &r_copy[..]
-                    }
-                };
-                Ok((left, m, md, payload))
-            }) {
-                Ok((remaining, method, metadata, payload)) => {
-                    let deadline = remaining
-                        .and_then(|ns| Instant::now().checked_add(Duration::from_nanos(ns)));
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        Err(Status::deadline_exceeded(
-                            "the deadline passed before the call ran",
-                        ))
-                    } else {
-                        let request = Request {
-                            method,
-                            metadata,
-                            payload,
-                            deadline,
-                        };
-                        let result = server.handler.call(&request, &mut response);
-                        if response.is_deferred() {
-                            Err(Status::unimplemented(
-                                "deferred replies are not served over software-coherent rings",
-                            ))
-                        } else {
-                            result
-                        }
-                    }
-                }
-                Err(status) => Err(status),
-            };
+            let defer = |id| server.defer(&self.conn, id);
+            response.set_defer_hook(&defer, call_id);
+            let mut copy = Vec::new();
+            let outcome = self.run(server, pages, &request, &mut copy, &mut response);
+            if response.is_deferred() {
+                continue;
+            }
             let body = if outcome.is_ok() {
                 response.body()
             } else {
                 &[]
             };
-            if body.len() > self.client_max {
-                encode_reply(
-                    Err(&Status::resource_exhausted(format!(
-                        "the reply of {} bytes exceeds the {} the client accepts",
-                        body.len(),
-                        self.client_max
-                    ))),
-                    &crate::Metadata::new(),
-                    &[],
-                    &mut r.message,
-                );
-            } else {
-                encode_reply(
+            let too_long = (body.len() > self.client_max).then(|| {
+                Status::resource_exhausted(format!(
+                    "the reply of {} bytes exceeds the {} the client accepts",
+                    body.len(),
+                    self.client_max
+                ))
+            });
+            let mut message = Vec::new();
+            match &too_long {
+                Some(status) => encode_reply(Err(status), &Metadata::new(), &[], &mut message),
+                None => encode_reply(
                     outcome.as_ref().copied(),
                     &response.metadata,
                     body,
-                    &mut r.message,
-                );
+                    &mut message,
+                ),
             }
-            r.outbox.queue(call_id, &r.message, max_record);
-            match r.outbox.flush(&mut r.rings.replies) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(status) => {
-                    self.conn.close(status);
-                    break;
-                }
+            if let Err(status) = self.queue(call_id, &message) {
+                self.conn.close(status);
+                return false;
             }
         }
         busy
+    }
+
+    /// Runs the handler on one request (its payload read from the pool first if it came by
+    /// reference).
+    fn run<'a>(
+        &self,
+        server: &ServerState,
+        pages: &Mutex<Option<netless_pool::PagesView>>,
+        request: &'a [u8],
+        copy: &'a mut Vec<u8>,
+        response: &mut ResponseBuilder<'a>,
+    ) -> Result<(), Status> {
+        let (remaining, method, metadata, body) = decode_request(request)?;
+        let payload: &[u8] = match body {
+            Body::Inline(payload) => payload,
+            Body::ByRef { r, crc } => {
+                self.read_by_ref(server, pages, &r, crc, copy)?;
+                copy
+            }
+        };
+        let deadline =
+            remaining.and_then(|ns| Instant::now().checked_add(Duration::from_nanos(ns)));
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(Status::deadline_exceeded(
+                "the deadline passed before the call ran",
+            ));
+        }
+        let request = Request {
+            method,
+            metadata,
+            payload,
+            deadline,
+        };
+        server.handler.call(&request, response)
+    }
+
+    /// Queues a reply and pushes what the ring takes (the rest goes at the next round).
+    fn queue(&self, call_id: u64, message: &[u8]) -> Result<(), Status> {
+        let mut rings = lock(&self.state);
+        let r = &mut *rings;
+        let max_record = r.rings.replies.max_record_len();
+        r.outbox.queue(call_id, message, max_record);
+        r.outbox.flush(&mut r.rings.replies).map(|_| ())
+    }
+
+    /// A deferred reply to call `call_id` (see `DeferredReply`).
+    pub(super) fn respond(
+        &self,
+        call_id: u64,
+        code: ReplyCode,
+        metadata: &Metadata,
+        payload: &[u8],
+    ) -> Result<(), Status> {
+        let mut message = Vec::new();
+        if code.code == Code::Ok {
+            encode_reply(Ok(()), metadata, payload, &mut message);
+        } else {
+            let status = Status::new(code.code, String::from_utf8_lossy(payload));
+            encode_reply(Err(&status), &Metadata::new(), &[], &mut message);
+        }
+        self.queue(call_id, &message)
     }
 }
 
@@ -208,8 +234,8 @@ pub(super) struct PolledConns {
 }
 
 impl PolledConns {
-    pub(super) fn add(&self, conn: PolledConn) {
-        lock(&self.list).push(Arc::new(conn));
+    pub(super) fn add(&self, conn: Arc<PolledConn>) {
+        lock(&self.list).push(conn);
     }
 
     /// Poller `i` of `n`: serves its share of the connections until the server stops.
