@@ -368,8 +368,23 @@ fn replies_deferred_to_another_thread_arrive_over_software_coherence() {
         req: &netless::Request<'a>,
         resp: &mut netless::ResponseBuilder<'a>,
     ) -> Result<(), netless::Status> {
-        if req.method != "Later" {
-            return test_handler(req, resp);
+        static GATE: std::sync::Mutex<Option<netless::DeferredReply>> = std::sync::Mutex::new(None);
+        match req.method {
+            // Held until `Open` comes, on the same connection: a call waiting for its reply
+            // must not keep the next one from being sent.
+            "Gate" => {
+                *GATE.lock().unwrap() = Some(resp.defer()?);
+                return Ok(());
+            }
+            "Open" => {
+                let gate = GATE.lock().unwrap().take();
+                if let Some(gate) = gate {
+                    let _ = gate.send(&netless::Metadata::new(), b"opened");
+                }
+                return Ok(());
+            }
+            "Later" => {}
+            _ => return test_handler(req, resp),
         }
         let reply = resp.defer()?;
         let payload = req.payload.to_vec();
@@ -399,6 +414,34 @@ fn replies_deferred_to_another_thread_arrive_over_software_coherence() {
     }
     let err = client.call("Later", b"fail", &opts()).unwrap_err();
     assert_eq!((err.code(), err.message()), (Code::Aborted, "asked to"));
+    // Calls from several threads on one connection, each waiting for its own reply.
+    std::thread::scope(|scope| {
+        let gated = scope.spawn(|| client.call("Gate", b"", &opts()));
+        let callers: Vec<_> = (0..4u32)
+            .map(|t| {
+                let client = &client;
+                scope.spawn(move || {
+                    for i in 0..20u32 {
+                        let payload = (t * 1000 + i).to_le_bytes();
+                        let reply = client.call("Later", &payload, &opts()).unwrap();
+                        assert_eq!(reply.payload, payload);
+                    }
+                })
+            })
+            .collect();
+        for c in callers {
+            c.join().unwrap();
+        }
+        // Open once the gated call is held (a few tries: it may not have been sent yet).
+        for _ in 0..500 {
+            client.call("Open", b"", &opts()).unwrap();
+            if gated.is_finished() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(gated.join().unwrap().unwrap().payload, b"opened");
+    });
     let _ = std::fs::remove_file(path);
 }
 

@@ -1,8 +1,11 @@
 //! Calling over a software-coherent fabric: a request goes out as records on the
 //! connection's request ring, and the reply is polled from its response ring (see
-//! `crate::polled`). One call at a time per connection: the rings carry one message stream
-//! each way, in order.
+//! `crate::polled`). Calls share the connection: each sends its request whole under the
+//! rings' lock, then waits for its reply without holding it, taking turns at the response
+//! ring; a reply for another waiting call is kept for it, one for a call that gave up is
+//! dropped.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,8 +26,11 @@ struct State {
     rings: ClientRings,
     inbox: Inbox,
     outbox: Outbox,
-    message: Vec<u8>,
     next_id: u64,
+    /// Calls waiting for their replies.
+    waiting: HashSet<u64>,
+    /// Replies that arrived for a waiting call while another call read the ring.
+    arrived: HashMap<u64, Vec<u8>>,
 }
 
 impl PolledClient {
@@ -35,8 +41,9 @@ impl PolledClient {
                 rings,
                 inbox: Inbox::default(),
                 outbox: Outbox::default(),
-                message: Vec::new(),
                 next_id: 1,
+                waiting: HashSet::new(),
+                arrived: HashMap::new(),
             }),
         }
     }
@@ -52,14 +59,6 @@ impl PolledClient {
         out: &mut Vec<u8>,
     ) -> Result<Metadata, Status> {
         out.clear();
-        let mut guard = lock(&self.state);
-        let st = &mut *guard;
-        let call_id = st.next_id;
-        st.next_id += 1;
-        let remaining = deadline.map(|d| {
-            u64::try_from(d.saturating_duration_since(Instant::now()).as_nanos())
-                .unwrap_or(u64::MAX - 1)
-        });
         // A large payload goes into pool pages, written back before the Ref leaves: the
         // buffer is held until the reply, by which time the server has mapped it.
         let by_ref = match (&conn.pool, &self.pages) {
@@ -81,40 +80,94 @@ impl PolledClient {
             },
             None => Body::Inline(payload),
         };
-        encode_request(remaining, method, metadata, body, &mut st.message);
-        if st.message.len() > conn.server_max_message {
+        let remaining = deadline.map(|d| {
+            u64::try_from(d.saturating_duration_since(Instant::now()).as_nanos())
+                .unwrap_or(u64::MAX - 1)
+        });
+        let mut message = Vec::new();
+        encode_request(remaining, method, metadata, body, &mut message);
+        if message.len() > conn.server_max_message {
             return Err(Status::resource_exhausted(format!(
                 "the request of {} bytes exceeds the {} service `{}` accepts",
-                st.message.len(),
+                message.len(),
                 conn.server_max_message,
                 conn.service
             )));
         }
+        let call_id = self.send(conn, &message, deadline)?;
+        let result = self.wait(conn, call_id, deadline, out);
+        lock(&self.state).waiting.remove(&call_id);
+        result
+    }
+
+    /// Queues a request whole and pushes it out (a request another call left half sent
+    /// goes first: the server reads one stream); its call id.
+    fn send(
+        &self,
+        conn: &Connection,
+        message: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<u64, Status> {
+        let mut backoff = Backoff::new(conn.max_sleep.min(Duration::from_millis(1)));
+        let mut st = lock(&self.state);
+        let call_id = st.next_id;
+        st.next_id += 1;
         let max_record = st.rings.requests.max_record_len();
-        st.outbox.queue(call_id, &st.message, max_record);
+        st.outbox.queue(call_id, message, max_record);
+        st.waiting.insert(call_id);
+        loop {
+            let s = &mut *st;
+            if s.outbox.flush(&mut s.rings.requests)? {
+                return Ok(call_id);
+            }
+            if let Err(status) = check(conn, deadline) {
+                s.waiting.remove(&call_id);
+                return Err(status);
+            }
+            drop(st);
+            backoff.wait();
+            st = lock(&self.state);
+        }
+    }
+
+    /// Waits for call `call_id`'s reply.
+    fn wait(
+        &self,
+        conn: &Connection,
+        call_id: u64,
+        deadline: Option<Instant>,
+        out: &mut Vec<u8>,
+    ) -> Result<Metadata, Status> {
         let spin_until = Instant::now() + conn.config.wait.spin;
         let mut backoff = Backoff::new(conn.max_sleep.min(Duration::from_millis(1)));
-        // A request left half sent by a call that gave up goes first: the server reads one
-        // stream.
-        while !st.outbox.flush(&mut st.rings.requests)? {
-            check(conn, deadline)?;
-            backoff.wait();
-        }
-        backoff.reset();
         loop {
-            match st
-                .inbox
-                .poll(&mut st.rings.replies, conn.config.max_message)?
-            {
-                Some((id, reply)) if id == call_id => {
-                    let (status, metadata, at) = decode_reply(&reply)?;
-                    status?;
-                    out.extend_from_slice(&reply[at..]);
-                    return Ok(metadata);
+            let reply = {
+                let mut st = lock(&self.state);
+                let s = &mut *st;
+                // Requests other calls left in the outbox go on while we wait.
+                s.outbox.flush(&mut s.rings.requests)?;
+                let mut mine = s.arrived.remove(&call_id);
+                while mine.is_none() {
+                    match s
+                        .inbox
+                        .poll(&mut s.rings.replies, conn.config.max_message)?
+                    {
+                        Some((id, reply)) if id == call_id => mine = Some(reply),
+                        Some((id, reply)) if s.waiting.contains(&id) => {
+                            s.arrived.insert(id, reply);
+                        }
+                        // The late reply of a call that gave up.
+                        Some(_) => {}
+                        None => break,
+                    }
                 }
-                // The late reply of a call that gave up.
-                Some(_) => continue,
-                None => {}
+                mine
+            };
+            if let Some(reply) = reply {
+                let (status, metadata, at) = decode_reply(&reply)?;
+                status?;
+                out.extend_from_slice(&reply[at..]);
+                return Ok(metadata);
             }
             check(conn, deadline)?;
             if Instant::now() >= spin_until {
