@@ -186,3 +186,30 @@ fn a_member_that_left_is_dead_at_once() {
     assert!(!me.is_alive(id));
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn a_file_sized_by_hand_is_formatted_with_its_first_openers_options() {
+    // A DAX device, or a file truncated to size: no creator formats it, so its first
+    // opener does, after waiting for one.
+    let path = region("by-hand");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let software = FabricOptions {
+        coherence: netless_shm::coherence::Coherence::Software,
+        ..options()
+    };
+    let first = Fabric::open(&path, &software).unwrap();
+    assert_eq!(
+        first.coherence(),
+        netless_shm::coherence::Coherence::Software
+    );
+    let second = Fabric::open(&path, &options()).unwrap();
+    assert_eq!(
+        second.coherence(),
+        netless_shm::coherence::Coherence::Software,
+        "an existing region keeps its own"
+    );
+    let _ = std::fs::remove_file(path);
+}
