@@ -110,6 +110,35 @@ fn echo_server_and_ping_meet_in_a_fabric_with_no_socket_directory_in_common() {
             stat.describe()
         );
 
+        // fabric ls: the server's membership and its entry, alive.
+        let ls = run(&client_dir, &["fabric", "ls", fabric], SHORT).ok();
+        let report = ls.describe();
+        assert!(
+            ls.stdout
+                .lines()
+                .next()
+                .is_some_and(|l| l.contains(&format!("{coherence} coherence"))),
+            "{report}"
+        );
+        let entry = ls
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(service))
+            .unwrap_or_else(|| panic!("no entry for {service}\n{report}"));
+        assert!(entry.ends_with(" yes"), "{report}");
+        let member = entry.split_whitespace().nth(2).unwrap();
+        let server_line = ls
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{member} ")))
+            .unwrap_or_else(|| panic!("no member {member}\n{report}"));
+        assert!(server_line.contains(" live "), "{report}");
+        assert!(server_line.ends_with(" yes"), "{report}");
+        assert!(
+            ls.stdout.lines().any(|l| l.ends_with(" (this)")),
+            "{report}"
+        );
+
         // Nothing went through a socket directory, and the region is the only shared file.
         assert_eq!(listing(&server_dir.path), Vec::<String>::new());
         assert_eq!(listing(&client_dir.path), Vec::<String>::new());
@@ -189,6 +218,14 @@ fn a_client_never_makes_a_region_and_a_bad_region_is_refused() {
     );
     assert!(
         out.stdout.contains("failures by status: UNAVAILABLE 2"),
+        "{}",
+        out.describe()
+    );
+    assert!(!missing.exists());
+    let out = run(&dir, &["fabric", "ls", missing.to_str().unwrap()], SHORT);
+    assert_eq!(out.status.code(), Some(2), "{}", out.describe());
+    assert!(
+        out.stderr.contains("no fabric region at"),
         "{}",
         out.describe()
     );

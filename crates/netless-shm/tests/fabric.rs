@@ -213,3 +213,29 @@ fn a_file_sized_by_hand_is_formatted_with_its_first_openers_options() {
     );
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn members_lists_the_slots_taken_alive_or_not() {
+    let path = region("list");
+    let me = Fabric::open(&path, &options()).unwrap();
+    let other = Fabric::open(&path, &options()).unwrap();
+    let id = other.member();
+    let listed = me.members();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    for m in &listed {
+        assert!([me.member(), id].contains(&m.id), "{m:?}");
+        assert_eq!(m.state, "live");
+        assert_eq!(m.pid, std::process::id());
+        assert_eq!(m.uid, rustix::process::geteuid().as_raw());
+    }
+    drop(other);
+    let left = me.members().into_iter().find(|m| m.id == id).unwrap();
+    assert_eq!(left.state, "left", "listed until it is reclaimed");
+    // Reclaimed two leases on: its slot is free again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while me.members().iter().any(|m| m.id == id) {
+        assert!(Instant::now() < deadline, "the slot was never reclaimed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(path);
+}

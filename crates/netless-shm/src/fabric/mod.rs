@@ -44,7 +44,7 @@ pub use alloc::Extent;
 pub use directory::{Entry, ENTRY_EXTENTS};
 pub use layout::{DIRECTORY, MAX_NAME, MAX_SIZE, MEMBERS, MIN_SIZE, UNIT};
 pub use mailbox::{Mailbox, Phase, Request, MAX_REASON, SLOTS_PER_UNIT, SLOT_BYTES, WORDS};
-pub use members::MemberId;
+pub use members::{MemberId, MemberSlot};
 
 use crate::coherence::Coherence;
 use crate::sync::Ordering;
@@ -235,6 +235,12 @@ impl Fabric {
     /// Heap bytes in all.
     pub fn heap_bytes(&self) -> u64 {
         (self.inner.geometry.heap_units * UNIT) as u64
+    }
+
+    /// The member slots not free now, alive or not (for tools: [`Fabric::is_alive`] says
+    /// which are alive).
+    pub fn members(&self) -> Vec<MemberSlot> {
+        members::occupied(&self.inner.words, &self.inner.geometry)
     }
 
     /// Whether `member` is alive now (see the module docs for how it is judged).
