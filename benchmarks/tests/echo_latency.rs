@@ -1,6 +1,6 @@
 //! End-to-end test of `echo_latency`: the real binary, its peers (a tonic server, the
-//! user's echo server, the floor) in a private socket directory (`NETLESS_DIR`), and the
-//! table and JSON it writes; and its usage errors.
+//! user's echo servers, one of them in a fabric region, the floor) in a private socket
+//! directory (`NETLESS_DIR`), and the table and JSON it writes; and its usage errors.
 
 use std::time::Duration;
 
@@ -32,7 +32,13 @@ fn writes_json_in_the_documented_shape() {
     for header in ["transport", "payload", "calls", "p50 µs", "p99 µs"] {
         assert!(out.stdout.contains(header), "no `{header}`\n{report}");
     }
-    for transport in ["grpc-http2", "netless-proto", "netless-raw", "floor"] {
+    for transport in [
+        "grpc-http2",
+        "netless-proto",
+        "netless-raw",
+        "netless-fabric-hw",
+        "floor",
+    ] {
         assert!(
             out.stdout.lines().any(|l| l.starts_with(transport)),
             "no table row for {transport}\n{report}"
@@ -78,16 +84,39 @@ fn writes_json_in_the_documented_shape() {
         ("grpc-http2", 64),
         ("netless-proto", 64),
         ("netless-raw", 64),
+        ("netless-fabric-hw", 64),
         ("floor", 64),
         ("grpc-http2", 4096),
         ("netless-proto", 4096),
         ("netless-raw", 4096),
+        ("netless-fabric-hw", 4096),
     ]
     .iter()
     .map(|(t, p)| (t.to_string(), *p))
     .collect();
     want.sort();
     assert_eq!(got, want, "{text}");
+
+    // The fabric row's ratios to netless-raw, at each payload, in the table and the JSON.
+    assert!(
+        out.stdout
+            .contains("netless-fabric-hw (netless fabric (hardware coherence)) over netless-raw"),
+        "{report}"
+    );
+    let ratios = v["fabric_vs_raw"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{text}"));
+    let mut payloads: Vec<u64> = ratios
+        .iter()
+        .map(|r| {
+            assert_eq!(r["transport"], "netless-fabric-hw", "{r}");
+            assert!(r["p50_over_raw"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+            assert!(r["p99_over_raw"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+            r["payload_bytes"].as_u64().unwrap()
+        })
+        .collect();
+    payloads.sort_unstable();
+    assert_eq!(payloads, [64, 4096], "{text}");
 }
 
 #[test]

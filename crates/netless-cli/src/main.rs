@@ -31,6 +31,8 @@ enum Command {
     Ctl(cmd::ctl::Args),
     /// Name the benchmark binary for NAME (or run it, when it was built beside `netless`).
     Bench(cmd::bench::Args),
+    /// Inspect a memory-fabric region: `netless fabric ls PATH`.
+    Fabric(cmd::fabric::Args),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Command::Ctl(args) => cmd::ctl::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Fabric(args) => cmd::fabric::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,6 @@
 //! The fabric region: formatting, members, the directory, the heap, connect slots, and the
 //! reclaiming of a member killed in another process.
+#![cfg(not(loom))] // The fabric maps a real file: netless-shm leaves it out under loom.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -224,5 +225,58 @@ fn a_member_elsewhere_lives_by_the_heartbeats_it_writes_back() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!me.is_alive(silent.member()));
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_file_sized_by_hand_is_formatted_with_its_first_openers_options() {
+    // A DAX device, or a file truncated to size: no creator formats it, so its first
+    // opener does, after waiting for one.
+    let path = region("by-hand");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let software = FabricOptions {
+        coherence: netless_shm::coherence::Coherence::Software,
+        ..options()
+    };
+    let first = Fabric::open(&path, &software).unwrap();
+    assert_eq!(
+        first.coherence(),
+        netless_shm::coherence::Coherence::Software
+    );
+    let second = Fabric::open(&path, &options()).unwrap();
+    assert_eq!(
+        second.coherence(),
+        netless_shm::coherence::Coherence::Software,
+        "an existing region keeps its own"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn members_lists_the_slots_taken_alive_or_not() {
+    let path = region("list");
+    let me = Fabric::open(&path, &options()).unwrap();
+    let other = Fabric::open(&path, &options()).unwrap();
+    let id = other.member();
+    let listed = me.members();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    for m in &listed {
+        assert!([me.member(), id].contains(&m.id), "{m:?}");
+        assert_eq!(m.state, "live");
+        assert_eq!(m.pid, std::process::id());
+        assert_eq!(m.uid, rustix::process::geteuid().as_raw());
+    }
+    drop(other);
+    let left = me.members().into_iter().find(|m| m.id == id).unwrap();
+    assert_eq!(left.state, "left", "listed until it is reclaimed");
+    // Reclaimed two leases on: its slot is free again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while me.members().iter().any(|m| m.id == id) {
+        assert!(Instant::now() < deadline, "the slot was never reclaimed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let _ = std::fs::remove_file(path);
 }

@@ -49,6 +49,9 @@ pub struct Args {
     /// Spin budget before sleeping, in microseconds (adaptive mode).
     #[arg(long, default_value_t = 50)]
     pub spin_us: u64,
+    /// Serve in a memory fabric instead of the socket directory.
+    #[command(flatten)]
+    pub fabric: super::fabric::FabricArgs,
 }
 
 fn echo<'a>(request: &Request<'a>, response: &mut ResponseBuilder<'a>) -> Result<(), Status> {
@@ -78,7 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handler")?;
     }
+    let fabric = args.fabric.open()?;
     let config = ServerConfig {
+        fabric: fabric.clone(),
         workers: args.workers,
         pin_cpus: args.pin_cpu.clone(),
         wait: WaitPolicy {
@@ -88,17 +93,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..ServerConfig::default()
     };
     let server = Server::bind(&args.service, config, echo)?;
+    let at = match &fabric {
+        Some(f) => format!(
+            "in fabric {} (member {})",
+            f.path().display(),
+            f.member().index
+        ),
+        None => format!("at {}", server.socket_path().display()),
+    };
     println!(
-        "netless echo-server: serving `{}` at {} with {} worker(s)",
-        args.service,
-        server.socket_path().display(),
-        args.workers
+        "netless echo-server: serving `{}` {at} with {} worker(s)",
+        args.service, args.workers
     );
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let stats = server.stats();
     server.shutdown();
+    // Leaves the fabric (after the server has withdrawn its entry).
+    drop(fabric);
     eprintln!(
         "netless echo-server: stopped after {} requests ({} errors)",
         stats.requests, stats.errors

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod ctl;
 pub mod echo_server;
+pub mod fabric;
 pub mod gateway;
 pub mod ping;
 pub mod sim;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use netless::{CallOptions, Client, Code};
+use netless::{CallOptions, Client, ClientConfig, Code};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -30,6 +30,9 @@ pub struct Args {
     /// rate at the end.
     #[arg(long, short = 'w', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub window: u32,
+    /// Find the service in a memory fabric instead of the socket directory.
+    #[command(flatten)]
+    pub fabric: super::fabric::JoinArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -42,7 +45,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "PING {} ({} bytes of payload) over netless",
         args.service, args.payload
     );
-    let client = match Client::connect(&args.service) {
+    let connected = args.fabric.join().and_then(|fabric| {
+        let config = ClientConfig {
+            fabric,
+            ..ClientConfig::default()
+        };
+        Client::connect_with(&args.service, config)
+    });
+    let client = match connected {
         Ok(c) => Some(c),
         Err(status) => {
             println!("connect: {status}");
@@ -134,13 +144,17 @@ fn run_window(args: &Args) -> anyhow::Result<ExitCode> {
     );
     let payload: Vec<u8> = (0..args.payload).map(|i| i as u8).collect();
     let mut failures: BTreeMap<Code, u64> = BTreeMap::new();
-    let config = netless::ClientConfig {
-        max_in_flight: args.window,
-        ..netless::ClientConfig::default()
-    };
     let (mut sent, mut answered, mut ok) = (0u64, 0u64, 0u64);
     let start = Instant::now();
-    let mut pipe = match netless::Pipeline::connect(&args.service, config) {
+    let connected = args.fabric.join().and_then(|fabric| {
+        let config = ClientConfig {
+            max_in_flight: args.window,
+            fabric,
+            ..ClientConfig::default()
+        };
+        netless::Pipeline::connect(&args.service, config)
+    });
+    let mut pipe = match connected {
         Ok(pipe) => pipe,
         Err(status) => {
             println!("connect: {status}");

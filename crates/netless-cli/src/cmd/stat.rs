@@ -16,13 +16,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use netless::fabric::Fabric;
 use netless::{Client, ClientConfig, ReplicaStats, Status};
 use serde::Serialize;
 
 /// Command-line arguments of `netless stat`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Service to show (a row per replica); every service in the socket directory if omitted.
+    /// Service to show (a row per replica); every service in the socket directory (or the
+    /// fabric) if omitted.
     pub service: Option<String>,
     /// Print one snapshot as JSON (totals since the server started, no rates) and exit.
     #[arg(long)]
@@ -34,13 +36,21 @@ pub struct Args {
     /// Stop after this many refreshes (default: until interrupted).
     #[arg(long, short = 'c', value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
+    /// Show the services published in a memory fabric instead of the socket directory.
+    #[command(flatten)]
+    pub fabric: super::fabric::JoinArgs,
 }
 
 /// Shows the counters of `args.service`'s replicas (or of every service) until `--count`
 /// refreshes are done, or prints one JSON snapshot with `--json`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = netless_shm::socket_dir().context("finding the netless socket directory")?;
-    let mut watch = Watch::new(dir, args.service.clone());
+    let source = match args.fabric.join().map_err(|e| anyhow::anyhow!("{e}"))? {
+        Some(fabric) => Source::Fabric(fabric),
+        None => {
+            Source::Dir(netless_shm::socket_dir().context("finding the netless socket directory")?)
+        }
+    };
+    let mut watch = Watch::new(source, args.service.clone());
     watch.refresh(true)?;
     if args.json {
         let services: Vec<JsonReplica<'_>> = watch
@@ -72,8 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let of = args.count.map(|c| format!("/{c}")).unwrap_or_default();
         out.push_str(&format!(
             "netless stat: {} every {} ms, refresh {refresh}{of}\n",
-            watch.dir.display(),
-            args.interval_ms
+            watch.source, args.interval_ms
         ));
         out.push_str(&render(&rows));
         if rows.is_empty() {
@@ -186,9 +195,64 @@ fn reader_config() -> ClientConfig {
     }
 }
 
+/// Where the replicas are found: a socket directory, or a memory fabric's directory.
+enum Source {
+    Dir(PathBuf),
+    Fabric(Fabric),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Dir(dir) => write!(f, "{}", dir.display()),
+            Source::Fabric(fabric) => write!(f, "fabric {}", fabric.path().display()),
+        }
+    }
+}
+
+impl Source {
+    /// The replicas served here now, sorted by service and replica.
+    fn list(&self) -> anyhow::Result<Vec<Socket>> {
+        match self {
+            Source::Dir(dir) => list_sockets(dir),
+            Source::Fabric(fabric) => {
+                let mut found: Vec<Socket> = fabric
+                    .entries()
+                    .into_iter()
+                    .filter(|e| fabric.is_alive(e.owner))
+                    .map(|e| Socket {
+                        service: e.name,
+                        replica: e.replica,
+                    })
+                    .collect();
+                found.sort();
+                found.dedup();
+                Ok(found)
+            }
+        }
+    }
+
+    /// Connects to the replica `socket` names.
+    fn connect(&self, socket: &Socket, config: ClientConfig) -> Result<Client, Status> {
+        match self {
+            Source::Dir(dir) => connect(dir, socket, config),
+            Source::Fabric(fabric) => {
+                let config = ClientConfig {
+                    fabric: Some(fabric.clone()),
+                    ..config
+                };
+                match socket.replica {
+                    None => Client::connect_with(&socket.service, config),
+                    Some(n) => Client::connect_replica(&socket.service, n, config),
+                }
+            }
+        }
+    }
+}
+
 /// The replicas being shown, with their connections and last samples.
 struct Watch {
-    dir: PathBuf,
+    source: Source,
     service: Option<String>,
     members: BTreeMap<Socket, Member>,
 }
@@ -208,19 +272,21 @@ struct Row {
 }
 
 impl Watch {
-    fn new(dir: PathBuf, service: Option<String>) -> Watch {
+    fn new(source: Source, service: Option<String>) -> Watch {
         Watch {
-            dir,
+            source,
             service,
             members: BTreeMap::new(),
         }
     }
 
-    /// Re-reads the socket directory: drops connections to servers that went away, connects
+    /// Re-reads the socket (or fabric) directory: drops connections to servers that went away, connects
     /// to new ones (skipping quietly those that refuse). With a service named, `first` fails
     /// if none of its replicas answers.
     fn refresh(&mut self, first: bool) -> anyhow::Result<()> {
-        let sockets: Vec<Socket> = list_sockets(&self.dir)?
+        let sockets: Vec<Socket> = self
+            .source
+            .list()?
             .into_iter()
             .filter(|s| self.service.as_ref().is_none_or(|n| *n == s.service))
             .collect();
@@ -231,7 +297,7 @@ impl Watch {
             if self.members.contains_key(&socket) {
                 continue;
             }
-            match connect(&self.dir, &socket, reader_config()) {
+            match self.source.connect(&socket, reader_config()) {
                 Ok(client) => {
                     self.members.insert(
                         socket,
@@ -250,11 +316,16 @@ impl Watch {
                 // The runtime's message names the directory and what to check.
                 anyhow::bail!("{status}")
             }
-            (Some(service), None) if first && self.members.is_empty() => anyhow::bail!(
-                "service `{service}` not found in {}: is its server running? (set NETLESS_DIR \
-                 if it uses another directory)",
-                self.dir.display()
-            ),
+            (Some(service), None) if first && self.members.is_empty() => {
+                let hint = match self.source {
+                    Source::Dir(_) => "set NETLESS_DIR if it uses another directory",
+                    Source::Fabric(_) => "it must be started with the same --fabric",
+                };
+                anyhow::bail!(
+                    "service `{service}` not found in {}: is its server running? ({hint})",
+                    self.source
+                )
+            }
             _ => {}
         }
         Ok(())

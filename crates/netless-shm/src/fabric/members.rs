@@ -60,6 +60,48 @@ impl MemberId {
     }
 }
 
+/// A member slot as its words say now (for tools; nothing here is trusted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberSlot {
+    /// The occupancy.
+    pub id: MemberId,
+    /// `live`, `left` (gone, its memory not yet reclaimed) or `reclaiming`.
+    pub state: &'static str,
+    /// The process id it wrote when it joined, in its own pid namespace.
+    pub pid: u32,
+    /// The effective uid it wrote when it joined, in its own user namespace.
+    pub uid: u32,
+    /// Its heartbeat count.
+    pub heartbeat: u64,
+}
+
+/// The slots not free now.
+pub(crate) fn occupied(words: &Words, g: &Geometry) -> Vec<MemberSlot> {
+    (0..MEMBERS)
+        .filter_map(|index| {
+            let slot = g.member(index);
+            let s = words.word(slot + M_STATE).load(Ordering::Acquire);
+            let state = match phase(s) {
+                LIVE => "live",
+                LEFT => "left",
+                RECLAIMING => "reclaiming",
+                _ => return None,
+            };
+            let pid_uid = words.word(slot + M_PID_UID).load(Ordering::Relaxed);
+            Some(MemberSlot {
+                id: MemberId {
+                    index: index as u32,
+                    generation: generation(s),
+                },
+                state,
+                pid: pid_uid as u32,
+                uid: (pid_uid >> 32) as u32,
+                heartbeat: words.word(slot + M_HEARTBEAT).load(Ordering::Relaxed),
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn phase(state: u64) -> u64 {
     state & 0xff
 }

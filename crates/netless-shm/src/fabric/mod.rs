@@ -44,7 +44,7 @@ pub use alloc::Extent;
 pub use directory::{Entry, ENTRY_EXTENTS};
 pub use layout::{DIRECTORY, MAX_NAME, MAX_SIZE, MEMBERS, MIN_SIZE, UNIT};
 pub use mailbox::{Mailbox, Phase, Request, MAX_REASON, SLOTS_PER_UNIT, SLOT_BYTES, WORDS};
-pub use members::MemberId;
+pub use members::{MemberId, MemberSlot};
 
 use crate::coherence::{Coherence, Faults, View};
 use crate::sync::Ordering;
@@ -167,7 +167,8 @@ impl Fabric {
                 source,
             })?;
         let mut size = region_size(&file)?;
-        if size == 0 {
+        let sized_here = size == 0;
+        if sized_here {
             if !(MIN_SIZE..=MAX_SIZE).contains(&options.size) {
                 return Err(fail(format!(
                     "cannot create a region of {} bytes: choose {MIN_SIZE} to {MAX_SIZE}",
@@ -196,7 +197,7 @@ impl Fabric {
         // SAFETY: the mapping is `size` bytes, page aligned, and lives in `Inner` as long as
         // any `Words` copy (they are all inside `Inner`, or held with a `Fabric`).
         let plain = unsafe { Words::new(map.as_mut_ptr(), size as usize, None) };
-        let (coherence, lease) = format_or_check(&plain, size, options).map_err(fail)?;
+        let (coherence, lease) = format_or_check(&plain, size, options, sized_here).map_err(fail)?;
         // In a software-coherent region the single-writer fields go through a view: written
         // back at once, invalidated before they are read (through the emulator in tests).
         let view = match coherence {
@@ -301,6 +302,12 @@ impl Fabric {
     /// Heap bytes in all.
     pub fn heap_bytes(&self) -> u64 {
         (self.inner.geometry.heap_units * UNIT) as u64
+    }
+
+    /// The member slots not free now, alive or not (for tools: [`Fabric::is_alive`] says
+    /// which are alive).
+    pub fn members(&self) -> Vec<MemberSlot> {
+        members::occupied(&self.inner.words, &self.inner.geometry)
     }
 
     /// Whether `member` is alive now (see the module docs for how it is judged).
@@ -579,17 +586,35 @@ fn region_size(file: &File) -> Result<u64, Error> {
     Ok(end)
 }
 
+/// How long an opener that found a sized but unformatted region waits for the process that
+/// sized it to format it, before it formats it itself (a DAX device or a file sized by
+/// hand has no one else to).
+const FORMAT_GRACE: Duration = Duration::from_millis(500);
+
 /// Formats a fresh region (if this process wins the race to), or checks an existing one's
-/// superblock; the region's coherence and lease.
+/// superblock; the region's coherence and lease. `sized_here`: this process gave the file its
+/// length, so no one else is about to format it with their options.
 fn format_or_check(
     words: &Words,
     size: u64,
     options: &FabricOptions,
+    sized_here: bool,
 ) -> Result<(Coherence, Duration), String> {
     let magic = words.word(layout::SB_MAGIC);
+    let formatting = words.word(layout::SB_FORMATTING);
+    if !sized_here {
+        // A creator sizes the file before it formats it: give it the time to, so that the
+        // region gets its options, not ours.
+        let grace = Instant::now() + FORMAT_GRACE;
+        while magic.load(Ordering::Acquire) == 0
+            && formatting.load(Ordering::Acquire) == 0
+            && Instant::now() < grace
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     if magic.load(Ordering::Acquire) == 0
-        && words
-            .word(layout::SB_FORMATTING)
+        && formatting
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     {
