@@ -128,6 +128,15 @@ pub(crate) fn owned_by(
             .all(|u| words.word(g.unit_word(u)).load(Ordering::Acquire) == owner)
 }
 
+/// The distinct owners the unit table names (a snapshot).
+pub(crate) fn owners(words: &Words, g: &Geometry) -> std::collections::HashSet<MemberId> {
+    (0..g.heap_units)
+        .filter_map(|u| {
+            MemberId::from_owner_word(words.word(g.unit_word(u)).load(Ordering::Relaxed))
+        })
+        .collect()
+}
+
 /// Units free now (a snapshot).
 pub(crate) fn free_units(words: &Words, g: &Geometry) -> usize {
     (0..g.heap_units)

@@ -106,17 +106,43 @@ pub(crate) fn withdraw(words: &Words, g: &Geometry, index: u32, owner: MemberId)
     );
 }
 
-/// Withdraws every entry `owner` published; how many.
+/// Withdraws every entry `owner` published or was publishing (one it died claiming too);
+/// how many.
 pub(crate) fn withdraw_all(words: &Words, g: &Geometry, owner: MemberId) -> usize {
     (0..DIRECTORY as u32)
         .filter(|&i| {
-            let published = read(words, g, i).is_some_and(|e| e.owner == owner);
-            if published {
+            let base = g.entry(i as usize);
+            let s = words.word(base + E_STATE).load(Ordering::Acquire);
+            let ours = phase(s) != FREE && words.load(base + E_OWNER) == owner.owner_word();
+            if ours {
                 withdraw(words, g, i, owner);
             }
-            published
+            ours
         })
         .count()
+}
+
+/// Frees entry `index` if it is still mid-publication in state `seen` (its publisher died
+/// between claiming it and publishing it); whether it did.
+pub(crate) fn free_stuck(words: &Words, g: &Geometry, index: u32, seen: u64) -> bool {
+    let state = words.word(g.entry(index as usize) + E_STATE);
+    phase(seen) == CLAIMING
+        && state
+            .compare_exchange(
+                seen,
+                u64::from(generation(seen)) << 8,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+}
+
+/// The state word of entry `index`, if it is mid-publication.
+pub(crate) fn claiming(words: &Words, g: &Geometry, index: u32) -> Option<u64> {
+    let s = words
+        .word(g.entry(index as usize) + E_STATE)
+        .load(Ordering::Acquire);
+    (phase(s) == CLAIMING).then_some(s)
 }
 
 /// Entry `index` if it is published and reads consistently (no change while it was read).

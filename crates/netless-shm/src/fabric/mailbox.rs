@@ -142,8 +142,19 @@ impl Mailbox {
             for (i, w) in request.iter().enumerate() {
                 self.store(slot, S_REQUEST + 8 * i, *w);
             }
-            state.store((seq << 8) | Phase::Request as u64, Ordering::Release);
-            return Some((slot, seq));
+            // Published only if the slot is still our claim: a claimant slow enough for the
+            // server to have freed its claim finds it gone, and tries another.
+            if state
+                .compare_exchange(
+                    (seq << 8) | Phase::Claimed as u64,
+                    (seq << 8) | Phase::Request as u64,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                return Some((slot, seq));
+            }
         }
         None
     }
@@ -153,17 +164,20 @@ impl Mailbox {
         (0..self.slots)
             .filter_map(|slot| {
                 let (phase, seq) = self.state(slot)?;
-                (phase == Phase::Request).then(|| {
-                    let mut words = [0u64; WORDS];
-                    for (i, w) in words.iter_mut().enumerate() {
-                        *w = self.load(slot, S_REQUEST + 8 * i);
-                    }
-                    Request {
-                        slot,
-                        seq,
-                        client: MemberId::from_owner_word(self.load(slot, S_CLIENT)),
-                        words,
-                    }
+                if phase != Phase::Request {
+                    return None;
+                }
+                let mut words = [0u64; WORDS];
+                for (i, w) in words.iter_mut().enumerate() {
+                    *w = self.load(slot, S_REQUEST + 8 * i);
+                }
+                let client = MemberId::from_owner_word(self.load(slot, S_CLIENT));
+                // Read whole, or not at all: the state must not have moved meanwhile.
+                (self.state(slot)? == (Phase::Request, seq)).then_some(Request {
+                    slot,
+                    seq,
+                    client,
+                    words,
                 })
             })
             .collect()

@@ -134,8 +134,12 @@ impl Observer {
         let alive = self.judge(judge, member);
         if alive {
             self.dead_since.remove(&member);
-        } else {
+        } else if names(judge, member) {
             self.dead_since.entry(member).or_insert_with(Instant::now);
+        } else {
+            // Not (or no longer) the slot's occupant: nothing to remember, however many
+            // made-up ids the region's words name.
+            self.forget(member);
         }
         alive
     }
@@ -175,6 +179,16 @@ impl Observer {
         self.seen.remove(&member);
         self.dead_since.remove(&member);
     }
+}
+
+/// Whether `member`'s slot is occupied by it (alive, left or being reclaimed).
+fn names(judge: &Judge<'_>, member: MemberId) -> bool {
+    if member.index as usize >= MEMBERS {
+        return false;
+    }
+    let slot = judge.geometry.member(member.index as usize);
+    let state = judge.words.word(slot + M_STATE).load(Ordering::Acquire);
+    phase(state) != FREE && generation(state) == member.generation
 }
 
 pub(crate) fn read_boot_id(words: &Words, slot: usize) -> [u8; 16] {

@@ -52,6 +52,9 @@ use crate::{Error, Published, PublishedView, Segment};
 use layout::{Geometry, Words};
 use members::{Judge, Observer};
 
+/// The byte of the fabric file whose exclusive lock serialises sizing and formatting.
+const SETUP_LOCK: u64 = 1 << 49;
+
 /// Default lease: a member whose heartbeat has not moved for this long is dead.
 pub const DEFAULT_LEASE: Duration = Duration::from_millis(800);
 /// Default size of a region created by [`Fabric::open`].
@@ -123,6 +126,8 @@ struct Inner {
     boot_id: [u8; 16],
     ticks: Mutex<Ticks>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Set once the others reclaimed this member's slot (see `Fabric::is_evicted`).
+    evicted: crate::sync::AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -142,6 +147,13 @@ struct Ticks {
     later: Vec<(Instant, Extent)>,
     watchers: Vec<Watcher>,
     next_hint: usize,
+    /// Directory entries seen mid-publication, and since when (a publisher that died
+    /// claiming one leaves it so).
+    claiming: std::collections::HashMap<u32, (u64, Instant)>,
+    /// Owners of units that are no slot's occupant (a member evicted while it allocated),
+    /// and since when.
+    stale: std::collections::HashMap<MemberId, Instant>,
+    ticks: u64,
 }
 
 impl Fabric {
@@ -166,6 +178,10 @@ impl Fabric {
                 op: "open of a fabric file",
                 source,
             })?;
+        // Sizing and formatting happen under an exclusive lock byte of the file, so two
+        // creators never size one file differently, nor format it twice (one kernel's
+        // openers; a region shared across kernels is made once, before the others join).
+        let setup = crate::liveness::exclusive_byte(&file, SETUP_LOCK, Duration::from_secs(10))?;
         let mut size = region_size(&file)?;
         let sized_here = size == 0;
         if sized_here {
@@ -197,7 +213,9 @@ impl Fabric {
         // SAFETY: the mapping is `size` bytes, page aligned, and lives in `Inner` as long as
         // any `Words` copy (they are all inside `Inner`, or held with a `Fabric`).
         let plain = unsafe { Words::new(map.as_mut_ptr(), size as usize, None) };
-        let (coherence, lease) = format_or_check(&plain, size, options, sized_here).map_err(fail)?;
+        let (coherence, lease) =
+            format_or_check(&plain, size, options, sized_here).map_err(fail)?;
+        drop(setup);
         // In a software-coherent region the single-writer fields go through a view: written
         // back at once, invalidated before they are read (through the emulator in tests).
         let view = match coherence {
@@ -255,6 +273,7 @@ impl Fabric {
             boot_id,
             ticks: Mutex::new(Ticks::default()),
             thread: Mutex::new(None),
+            evicted: crate::sync::AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&inner);
         let thread = std::thread::Builder::new()
@@ -313,7 +332,7 @@ impl Fabric {
     /// Whether `member` is alive now (see the module docs for how it is judged).
     pub fn is_alive(&self, member: MemberId) -> bool {
         if member == self.inner.me {
-            return true;
+            return !self.is_evicted();
         }
         let judge = self.judge();
         lock(&self.inner.ticks).observer.alive(&judge, member)
@@ -344,6 +363,14 @@ impl Fabric {
     /// # Errors
     /// [`Error::Fabric`] if no run of free units is long enough.
     pub fn alloc(&self, len: usize) -> Result<Extent, Error> {
+        if self.is_evicted() {
+            return Err(Error::Fabric {
+                path: self.inner.path.clone(),
+                reason: "this process was evicted from it (stopped for longer than a lease): \
+                         open it again"
+                    .into(),
+            });
+        }
         let len = len.max(1);
         let units = len.div_ceil(UNIT);
         let hint = {
@@ -714,7 +741,7 @@ fn join(
         words.store(slot + members::M_LEASE_NS, lease.as_nanos() as u64);
         words.store(
             slot + members::M_HEARTBEAT,
-            words.load(slot + members::M_HEARTBEAT) + 1,
+            words.load(slot + members::M_HEARTBEAT).wrapping_add(1),
         );
         return Ok((me, token_file));
     }
@@ -731,29 +758,50 @@ fn run(weak: Weak<Inner>) {
         let Some(inner) = weak.upgrade() else { return };
         let fabric = Fabric { inner };
         let tick = fabric.tick();
-        fabric.beat();
+        let member = fabric.beat();
         fabric.run_watchers();
-        fabric.free_due();
-        fabric.reclaim_dead();
+        if member {
+            fabric.free_due();
+            fabric.reclaim_dead();
+            fabric.sweep();
+        }
         drop(fabric);
         std::thread::sleep(tick);
     }
 }
 
 impl Fabric {
-    fn beat(&self) {
+    /// Beats, if this member is still one: a member whose slot no longer names it (others
+    /// judged it dead while it was stopped, and reclaimed it) is evicted, and stops.
+    fn beat(&self) -> bool {
         let slot = self.inner.geometry.member(self.inner.me.index as usize);
         let words = &self.inner.words;
-        words.store(
-            slot + members::M_HEARTBEAT,
-            words.load(slot + members::M_HEARTBEAT) + 1,
-        );
+        let live = (u64::from(self.inner.me.generation) << 8) | members::LIVE;
+        if words.word(slot + members::M_STATE).load(Ordering::Acquire) != live {
+            self.inner.evicted.store(true, Ordering::Release);
+            return false;
+        }
+        // One writer (this member), so no atomic add; a forged value only wraps.
+        let beat = words.load(slot + members::M_HEARTBEAT).wrapping_add(1);
+        words.store(slot + members::M_HEARTBEAT, beat);
+        true
     }
 
+    /// Runs the watchers; one that panics is dropped (and the panic reported), never the
+    /// thread that keeps this member alive.
     fn run_watchers(&self) {
         let mut watchers = std::mem::take(&mut lock(&self.inner.ticks).watchers);
-        watchers.retain_mut(|w| w(self));
+        watchers.retain_mut(|w| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w(self))).unwrap_or(false)
+        });
         lock(&self.inner.ticks).watchers.extend(watchers);
+    }
+
+    /// Whether this member was evicted: judged dead by the others and its slot reclaimed
+    /// (it was stopped, or its thread starved, for longer than a lease). An evicted member
+    /// no longer beats, allocates or reclaims; its connections fail.
+    pub fn is_evicted(&self) -> bool {
+        self.inner.evicted.load(Ordering::Acquire)
     }
 
     fn free_due(&self) {
@@ -767,6 +815,53 @@ impl Fabric {
         for extent in due {
             self.free(extent);
         }
+    }
+
+    /// Frees what no reclaim reaches, two leases after it is first seen: directory entries a
+    /// publisher died claiming, and units whose owner is no slot's occupant (every 25th
+    /// tick: it reads the whole unit table).
+    fn sweep(&self) {
+        let (words, g) = (&self.inner.words, &self.inner.geometry);
+        let quarantine = 2 * self.inner.lease;
+        let now = Instant::now();
+        let mut ticks = lock(&self.inner.ticks);
+        ticks.ticks += 1;
+        let mut claiming = std::collections::HashMap::new();
+        for index in 0..DIRECTORY as u32 {
+            if let Some(seen) = directory::claiming(words, g, index) {
+                let since = match ticks.claiming.get(&index) {
+                    Some(&(s, since)) if s == seen => since,
+                    _ => now,
+                };
+                if now.duration_since(since) < quarantine
+                    || !directory::free_stuck(words, g, index, seen)
+                {
+                    claiming.insert(index, (seen, since));
+                }
+            }
+        }
+        ticks.claiming = claiming;
+        if ticks.ticks % 25 != 0 {
+            return;
+        }
+        let mut stale = std::collections::HashMap::new();
+        for owner in alloc::owners(words, g) {
+            let state = words
+                .word(g.member(owner.index as usize) + members::M_STATE)
+                .load(Ordering::Acquire);
+            let occupant = members::phase(state) != members::FREE
+                && members::generation(state) == owner.generation;
+            if occupant {
+                continue;
+            }
+            let since = ticks.stale.get(&owner).copied().unwrap_or(now);
+            if now.duration_since(since) >= quarantine {
+                alloc::free_all(words, g, owner);
+            } else {
+                stale.insert(owner, since);
+            }
+        }
+        ticks.stale = stale;
     }
 
     /// Reclaims members dead (or gone) for two leases: their units and directory entries,
