@@ -841,7 +841,7 @@ impl Fabric {
             }
         }
         ticks.claiming = claiming;
-        if ticks.ticks % 25 != 0 {
+        if !ticks.ticks.is_multiple_of(25) {
             return;
         }
         let mut stale = std::collections::HashMap::new();
