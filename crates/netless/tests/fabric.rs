@@ -142,6 +142,116 @@ fn calls_through_the_fabric_alone(software: bool) {
 }
 
 #[test]
+fn a_late_reply_never_lands_in_memory_given_to_someone_else() {
+    // The client gives up on a slow call and drops its connection; its memory must not go
+    // back to the region (and on to another member) while the server may still reply.
+    let path = region("late");
+    let (sf, cf, tf) = (open(&path), open(&path), open(&path));
+    let server = Server::bind("pkg.Late", server_config(&sf), test_handler).unwrap();
+    let client = Client::connect_with("pkg.Late", client_config(&cf)).unwrap();
+    let slow = 2 * cf.lease() + Duration::from_millis(900);
+    let err = client
+        .call(
+            "Slow",
+            &(slow.as_millis() as u64).to_le_bytes(),
+            &CallOptions::new().timeout(Duration::from_millis(100)),
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    drop(client);
+    std::thread::sleep(2 * cf.lease() + Duration::from_millis(300));
+    // A third member takes all the memory there is now, and clears it.
+    let mut taken = Vec::new();
+    while let Ok(extent) = tf.alloc(netless_shm::fabric::UNIT) {
+        let segment = tf.map(extent).unwrap();
+        // SAFETY: the unit was just taken by this member, which alone writes it.
+        unsafe { std::ptr::write_bytes(segment.as_ptr(), 0, segment.len()) };
+        taken.push(segment);
+    }
+    // The slow call ends and its reply is written (into the client's ring, still held).
+    std::thread::sleep(Duration::from_millis(1200));
+    for segment in &taken {
+        // SAFETY: this member's units, mapped for the segment's length.
+        let bytes = unsafe { std::slice::from_raw_parts(segment.as_ptr(), segment.len()) };
+        assert!(
+            bytes.iter().all(|&b| b == 0),
+            "a reply landed in another member's memory"
+        );
+    }
+    drop(taken);
+    // Once the server let go of the connection, the client's memory is back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.stats().connections != 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn refused_clients_leave_their_connect_slots_free() {
+    let path = region("refused");
+    // A short lease: the server looks at its slots every tick, a tenth of it.
+    let quick = || {
+        Fabric::open(
+            &path,
+            &FabricOptions {
+                size: 64 << 20,
+                lease: Duration::from_millis(200),
+                ..FabricOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let (sf, cf) = (quick(), quick());
+    let config = ServerConfig {
+        max_connections: 1,
+        ..server_config(&sf)
+    };
+    let _server = Server::bind("pkg.Full", config, test_handler).unwrap();
+    let kept = Client::connect_with("pkg.Full", client_config(&cf)).unwrap();
+    // More refusals than there are slots: each slot comes back once its client read why.
+    for _ in 0..(netless_shm::fabric::SLOTS_PER_UNIT + 20) {
+        let err = Client::connect_with("pkg.Full", client_config(&cf)).unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        assert!(err.message().contains("connections"), "{err}");
+        assert!(!err.message().contains("connect slots"), "{err}");
+    }
+    assert_eq!(
+        kept.call("Echo", b"still", &opts()).unwrap().payload,
+        b"still"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_software_coherent_reply_at_the_clients_limit_fails_alone() {
+    let path = region("limit");
+    let (sf, cf) = (open_as(&path, true, None), open_as(&path, true, None));
+    let _server = Server::bind("pkg.Limit", server_config(&sf), test_handler).unwrap();
+    let client = Client::connect_with(
+        "pkg.Limit",
+        ClientConfig {
+            max_message: 64 * 1024,
+            ring_bytes: 16 * 1024,
+            ..client_config(&cf)
+        },
+    )
+    .unwrap();
+    // A 64 KiB body, and the reply's header on top: over the client's limit, refused by the
+    // server as it would be over a shared receive queue; the connection goes on.
+    let err = client
+        .call("Big", &(64u64 * 1024).to_le_bytes(), &opts())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    for len in [100u64, 60 * 1024] {
+        let reply = client.call("Big", &len.to_le_bytes(), &opts()).unwrap();
+        assert_eq!(reply.payload.len() as u64, len);
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
 #[ignore = "a child role of the process tests"]
 fn fabric_child() {
     let Some((role, path, service)) = role() else {

@@ -31,6 +31,7 @@ const S_REQUEST: usize = LINE + 8;
 const S_REPLY: usize = 3 * LINE;
 const S_CLIENT_GONE: usize = 4 * LINE;
 const S_SERVER_GONE: usize = 5 * LINE;
+const S_RELEASED: usize = 5 * LINE + 8;
 const S_CODE: usize = 6 * LINE;
 const S_REASON_LEN: usize = 6 * LINE + 8;
 const S_REASON: usize = 6 * LINE + 16;
@@ -260,6 +261,17 @@ impl Mailbox {
         }
         self.set_reason(slot, code, reason);
         self.store(slot, S_SERVER_GONE, seq);
+    }
+
+    /// Server: says nothing of it writes into connection `seq`'s client memory any more:
+    /// the client may give that memory back.
+    pub fn released(&self, slot: usize, seq: u64) {
+        self.store(slot, S_RELEASED, seq);
+    }
+
+    /// Whether the server released connection `seq`'s client memory.
+    pub fn is_released(&self, slot: usize, seq: u64) -> bool {
+        self.load(slot, S_RELEASED) == seq
     }
 
     /// Whether the client said connection `seq` is over.

@@ -200,7 +200,7 @@ impl Connection {
     /// Why calls fail once the server's end of the socket is gone.
     fn hung_up_status(&self) -> Status {
         Status::unavailable(format!(
-            "service `{}` closed the connection: its server process exited or was killed (socket dir {}); retry when it is back",
+            "service `{}` closed the connection: its server process exited or was killed (at {}); retry when it is back",
             self.service,
             self.dir.display()
         ))

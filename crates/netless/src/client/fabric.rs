@@ -129,10 +129,21 @@ pub(super) fn handshake(
         )));
     };
     let deadline = Instant::now() + config.connect_timeout;
+    // Giving up: the server may have mapped our memory (it admitted us after all), so it
+    // goes back once the server says it refused us, released it, or moved on, or is dead.
     let give_up = |status: Status| {
-        mailbox.client_gone(slot, seq);
-        for extent in &extents {
-            fabric.free_later(*extent);
+        if fabric.is_alive(server) {
+            mailbox.client_gone(slot, seq);
+        }
+        let mut drain = Drain {
+            mailbox: mailbox.clone(),
+            slot,
+            seq,
+            server,
+            extents: extents.clone(),
+        };
+        if drain.step(fabric) {
+            fabric.watch(Box::new(move |fabric| drain.step(fabric)));
         }
         Err(status)
     };
@@ -201,7 +212,8 @@ pub(super) fn handshake(
         far,
         extents: extents.clone(),
         service: named.clone(),
-        told: false,
+        told: None,
+        hung_up: false,
     };
     fabric.watch(Box::new(move |fabric| link.step(fabric)));
     Ok(Handshaken {
@@ -237,6 +249,40 @@ fn server_dead(service: &str) -> Status {
     ))
 }
 
+/// The memory of a connection given up on during its handshake, waiting to be given back.
+struct Drain {
+    mailbox: Mailbox,
+    slot: usize,
+    seq: u64,
+    server: MemberId,
+    extents: Vec<Extent>,
+}
+
+impl Drain {
+    /// One tick; `false` once the memory is back.
+    fn step(&mut self, fabric: &Fabric) -> bool {
+        if !fabric.is_alive(self.server) {
+            for extent in &self.extents {
+                fabric.free_later(*extent);
+            }
+            return false;
+        }
+        let settled = match self.mailbox.state(self.slot) {
+            // Refused (nothing of ours was kept), or the slot moved on without us.
+            Some((Phase::Refused, s)) if s == self.seq => true,
+            Some((_, s)) if s != self.seq => true,
+            Some((Phase::Free, _)) | None => true,
+            _ => self.mailbox.is_released(self.slot, self.seq),
+        };
+        if settled {
+            for extent in &self.extents {
+                fabric.free(*extent);
+            }
+        }
+        !settled
+    }
+}
+
 /// The client's end of a fabric connection, stepped on the fabric's thread.
 struct Link {
     mailbox: Mailbox,
@@ -245,46 +291,70 @@ struct Link {
     server: MemberId,
     /// The far end of the connection's socket pair.
     far: UnixStream,
-    /// The connection segment, and the polled rings if any: given back when it is over.
+    /// The connection segment, and the polled rings if any: given back once the server
+    /// released them (or died).
     extents: Vec<Extent>,
     service: String,
-    /// Whether the connection has been told the server is gone.
-    told: bool,
+    /// Ticks since the connection was told the server is gone (a call mid-request finishes
+    /// writing within one), then `client_gone` is said.
+    told: Option<u32>,
+    /// Whether the client dropped the connection.
+    hung_up: bool,
 }
 
 impl Link {
-    /// One tick; `false` once the connection is over on both sides.
+    /// One tick; `false` once the connection is over on both sides and its memory is back.
     fn step(&mut self, fabric: &Fabric) -> bool {
-        if !self.told {
-            let status = if self.mailbox.is_server_gone(self.slot, self.seq) {
-                let (code, reason) = self.mailbox.reason(self.slot);
-                Some(Status::new(
-                    u16::try_from(code)
-                        .ok()
-                        .and_then(Code::from_u16)
-                        .unwrap_or(Code::Unavailable),
-                    reason,
-                ))
-            } else if !fabric.is_alive(self.server) {
-                Some(server_dead(&self.service))
-            } else {
-                None
-            };
-            if let Some(status) = status {
-                let _ = send_frame(&self.far, &Frame::Goodbye(status).encode(), &[]);
-                let _ = self.far.shutdown(std::net::Shutdown::Write);
-                self.told = true;
+        let server_alive = fabric.is_alive(self.server);
+        match self.told {
+            None => {
+                let status = if !server_alive {
+                    Some(server_dead(&self.service))
+                } else if self.mailbox.is_server_gone(self.slot, self.seq) {
+                    let (code, reason) = self.mailbox.reason(self.slot);
+                    Some(Status::new(
+                        u16::try_from(code)
+                            .ok()
+                            .and_then(Code::from_u16)
+                            .unwrap_or(Code::Unavailable),
+                        reason,
+                    ))
+                } else {
+                    None
+                };
+                if let Some(status) = status {
+                    let _ = send_frame(&self.far, &Frame::Goodbye(status).encode(), &[]);
+                    let _ = self.far.shutdown(std::net::Shutdown::Write);
+                    self.told = Some(0);
+                }
             }
+            Some(ticks) => self.told = Some(ticks.saturating_add(1)),
         }
-        // The client hangs up its end when it drops the connection: say so, and give the
-        // segment back once the server can no longer be writing into it.
-        let mut byte = [0u8; 1];
-        let hung_up = matches!(
-            rustix::net::recv(&self.far, &mut byte, rustix::net::RecvFlags::DONTWAIT),
-            Ok((0, _)) | Err(rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET)
-        );
-        if hung_up {
+        if !self.hung_up {
+            // The client hangs up its end when it drops the connection.
+            let mut byte = [0u8; 1];
+            self.hung_up = matches!(
+                rustix::net::recv(&self.far, &mut byte, rustix::net::RecvFlags::DONTWAIT),
+                Ok((0, _)) | Err(rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET)
+            );
+        }
+        // No more requests from us: say so (never into a dead server's memory, which may be
+        // someone else's by now).
+        if server_alive && (self.hung_up || self.told.is_some_and(|t| t >= 1)) {
             self.mailbox.client_gone(self.slot, self.seq);
+        }
+        if !self.hung_up {
+            return true;
+        }
+        // Our memory goes back once the server says nothing of it writes there any more,
+        // or once it is dead.
+        if self.mailbox.is_released(self.slot, self.seq) && server_alive {
+            for extent in &self.extents {
+                fabric.free(*extent);
+            }
+            return false;
+        }
+        if !server_alive {
             for extent in &self.extents {
                 fabric.free_later(*extent);
             }

@@ -110,6 +110,17 @@ impl PolledClient {
     ) -> Result<u64, Status> {
         let mut backoff = Backoff::new(conn.max_sleep.min(Duration::from_millis(1)));
         let mut st = lock(&self.state);
+        // Requests that could not go out pile up only so far: a server that stopped reading
+        // them fails the connection rather than this process's memory.
+        if st.outbox.pending() > 2 * st.rings.requests.max_record_len() + message.len() {
+            return Err(fail(
+                conn,
+                Status::unavailable(format!(
+                    "service `{}` stopped reading its requests; the connection is closed",
+                    conn.service
+                )),
+            ));
+        }
         let call_id = st.next_id;
         st.next_id += 1;
         let max_record = st.rings.requests.max_record_len();
@@ -117,10 +128,17 @@ impl PolledClient {
         st.waiting.insert(call_id);
         loop {
             let s = &mut *st;
-            if s.outbox.flush(&mut s.rings.requests)? {
-                return Ok(call_id);
+            match s.outbox.flush(&mut s.rings.requests) {
+                Ok(true) => return Ok(call_id),
+                Ok(false) => {}
+                Err(status) => {
+                    s.waiting.remove(&call_id);
+                    return Err(fail(conn, status));
+                }
             }
             if let Err(status) = check(conn, deadline) {
+                // Its records stay queued: the server reads one stream, and a request cut
+                // short would garble the next. It answers late, to nobody.
                 s.waiting.remove(&call_id);
                 return Err(status);
             }
@@ -145,13 +163,13 @@ impl PolledClient {
                 let mut st = lock(&self.state);
                 let s = &mut *st;
                 // Requests other calls left in the outbox go on while we wait.
-                s.outbox.flush(&mut s.rings.requests)?;
+                s.outbox
+                    .flush(&mut s.rings.requests)
+                    .map_err(|e| fail(conn, e))?;
                 let mut mine = s.arrived.remove(&call_id);
                 while mine.is_none() {
-                    match s
-                        .inbox
-                        .poll(&mut s.rings.replies, conn.config.max_message)?
-                    {
+                    let polled = s.inbox.poll(&mut s.rings.replies, conn.config.max_message);
+                    match polled.map_err(|e| fail(conn, e))? {
                         Some((id, reply)) if id == call_id => mine = Some(reply),
                         Some((id, reply)) if s.waiting.contains(&id) => {
                             s.arrived.insert(id, reply);
@@ -177,6 +195,13 @@ impl PolledClient {
             }
         }
     }
+}
+
+/// Fails the connection with `status` (its rings cannot be trusted or used any more); the
+/// status, for the call that found out.
+fn fail(conn: &Connection, status: Status) -> Status {
+    conn.fail(status.clone());
+    status
 }
 
 /// Fails a call whose connection died or whose deadline passed.

@@ -240,6 +240,11 @@ impl Outbox {
     }
 
     /// Pushes what the ring takes; whether everything went.
+    /// Bytes waiting to be pushed.
+    pub(crate) fn pending(&self) -> usize {
+        self.records.iter().map(Vec::len).sum()
+    }
+
     pub(crate) fn flush(&mut self, producer: &mut Producer<'_>) -> Result<bool, Status> {
         while let Some(record) = self.records.front() {
             match producer.try_push(record) {
@@ -268,7 +273,21 @@ pub(crate) struct Inbox {
 impl Inbox {
     /// The next whole message and its call id, if one has arrived; messages longer than
     /// `max_message` are refused.
+    /// Any error leaves the stream unusable (the caller closes the connection); nothing
+    /// half-assembled is kept.
     pub(crate) fn poll(
+        &mut self,
+        consumer: &mut Consumer<'_>,
+        max_message: usize,
+    ) -> Result<Option<(u64, Vec<u8>)>, Status> {
+        let result = self.poll_inner(consumer, max_message);
+        if result.is_err() {
+            self.partial = None;
+        }
+        result
+    }
+
+    fn poll_inner(
         &mut self,
         consumer: &mut Consumer<'_>,
         max_message: usize,
@@ -279,7 +298,11 @@ impl Inbox {
                 Ok(Some(_)) => {}
                 // Not yet readable as written (a line not yet written back): next poll.
                 Err(PopError::Stale { .. } | PopError::Torn { .. }) => return Ok(None),
-                Err(PopError::Restarted { .. }) => continue,
+                // The producer restarted: whatever it had half sent will not be finished.
+                Err(PopError::Restarted { .. }) => {
+                    self.partial = None;
+                    continue;
+                }
                 Err(e) => {
                     return Err(Status::unavailable(format!(
                         "the connection's ring is corrupt: {e}"

@@ -58,6 +58,23 @@ pub(super) struct Conn {
     pub(super) peer_member: Option<netless_pool::PeerMember>,
     /// Its polled rings, on a software-coherent fabric: deferred replies go there.
     pub(super) polled: std::sync::OnceLock<std::sync::Weak<super::polled::PolledConn>>,
+    /// Run when the last handle drops, when nothing of the server can write into the
+    /// client's memory any more: a fabric connection says so to the client, who may then
+    /// give that memory back.
+    pub(super) on_release: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let release = self
+            .on_release
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(release) = release {
+            release();
+        }
+    }
 }
 
 /// What the handshake settled for a new connection.
@@ -131,6 +148,7 @@ impl Conn {
             backlog: Mutex::new(Backlog::default()),
             peer_member: a.peer_member,
             polled: std::sync::OnceLock::new(),
+            on_release: Mutex::new(None),
         }
     }
 
@@ -215,6 +233,8 @@ struct ConnSlot {
 pub(super) struct ConnTable {
     slots: Box<[ConnSlot]>,
     live: AtomicU32,
+    /// Connections retired so far (see `retirements`).
+    retired: crate::sync::AtomicU64,
 }
 
 impl ConnTable {
@@ -227,6 +247,7 @@ impl ConnTable {
                 })
                 .collect(),
             live: AtomicU32::new(0),
+            retired: crate::sync::AtomicU64::new(0),
         }
     }
 
@@ -281,6 +302,13 @@ impl ConnTable {
     /// Marks slot `index` not live: no worker looks its connection up any more.
     pub(super) fn retire(&self, index: u32) {
         self.slots[index as usize].tag.store(0, Ordering::Release);
+        self.retired.fetch_add(1, Ordering::Release);
+    }
+
+    /// Bumped whenever a connection is retired: workers then drop their handles on dead
+    /// ones (`ConnCache::prune`).
+    pub(super) fn retirements(&self) -> u64 {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Empties slot `index` (after `retire`), so it can be reused.
@@ -314,12 +342,30 @@ impl ConnTable {
 /// that looking one up takes no lock while it stays live.
 pub(super) struct ConnCache {
     conns: Vec<Option<Arc<Conn>>>,
+    /// `ConnTable::retirements` when it last pruned.
+    pruned_at: u64,
 }
 
 impl ConnCache {
     pub(super) fn new(table: &ConnTable) -> ConnCache {
         ConnCache {
             conns: vec![None; table.len()],
+            pruned_at: 0,
+        }
+    }
+
+    /// Drops the handles on connections retired since the last call, so a dead one's memory
+    /// is let go of (`Conn::on_release`) without waiting for its slot to be reused. One
+    /// load unless something was retired.
+    pub(super) fn prune(&mut self, table: &ConnTable) {
+        let now = table.retirements();
+        if now != self.pruned_at {
+            self.pruned_at = now;
+            for cached in &mut self.conns {
+                if cached.as_ref().is_some_and(|c| c.is_dead()) {
+                    *cached = None;
+                }
+            }
         }
     }
 

@@ -27,20 +27,19 @@ use crate::segment::{ConnSegment, Place};
 use crate::status::{Code, Status};
 use crate::wire::handshake::{Frame, PROTOCOL_VERSION};
 
-/// The server's entry in a fabric: withdrawn, and its memory given back two leases later,
-/// when the server drops.
+/// The server's entry in a fabric, withdrawn when the server drops; its memory is given
+/// back once every client that was connected is gone (the admissions' last step).
 pub(super) struct Published {
     fabric: Fabric,
     entry: u32,
-    extents: [Extent; 3],
+    stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Published {
     fn drop(&mut self) {
         self.fabric.withdraw(self.entry);
-        for extent in self.extents {
-            self.fabric.free_later(extent);
-        }
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -81,20 +80,25 @@ pub(super) fn publish(
     let mailbox = fabric
         .mailbox(mailbox_extent)
         .map_err(|e| Status::internal(e.to_string()))?;
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut admissions = Admissions {
         server: Arc::downgrade(server),
         inbox,
         polled,
         mailbox,
         links: Vec::new(),
+        refused: Vec::new(),
         generation: 0,
         claimed: Vec::new(),
+        extents,
+        stopped: stopped.clone(),
+        stopping: false,
     };
     fabric.watch(Box::new(move |fabric| admissions.step(fabric)));
     Ok(Published {
         fabric: fabric.clone(),
         entry,
-        extents,
+        stopped,
     })
 }
 
@@ -106,38 +110,69 @@ struct Admissions {
     polled: Option<Arc<PolledConns>>,
     mailbox: Mailbox,
     links: Vec<Link>,
+    /// Slots whose client was refused, and since when: freed once it read why.
+    refused: Vec<(usize, u64, Option<MemberId>, Instant)>,
     generation: u32,
     /// Slots seen mid-claim, and since when: a client that died claiming one leaves it so.
     claimed: Vec<(usize, u64, Instant)>,
+    /// The server's replica, control and mailbox segments.
+    extents: [Extent; 3],
+    /// Set when the server drops its entry.
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    /// The server stopped: its clients were told, and their going is awaited.
+    stopping: bool,
 }
 
 impl Admissions {
     fn step(&mut self, fabric: &Fabric) -> bool {
-        let server = self.server.upgrade();
-        let Some(server) = server.filter(|s| !s.is_stopping()) else {
-            self.stop();
-            return false;
-        };
-        for request in self.mailbox.requests() {
-            self.admit(&server, fabric, request);
+        let server = self.server.upgrade().filter(|s| {
+            !s.is_stopping() && !self.stopped.load(std::sync::atomic::Ordering::Acquire)
+        });
+        match &server {
+            Some(server) if !fabric.is_evicted() => {
+                for request in self.mailbox.requests() {
+                    self.admit(server, fabric, request);
+                }
+            }
+            _ if !self.stopping => {
+                self.stopping = true;
+                for link in &self.links {
+                    self.mailbox.server_gone(
+                        link.slot,
+                        link.seq,
+                        Code::Unavailable as u32,
+                        "the service is shutting down",
+                    );
+                }
+            }
+            _ => {}
         }
+        drop(server);
         let mailbox = self.mailbox.clone();
         self.links.retain_mut(|link| link.step(fabric, &mailbox));
+        self.release_refused(fabric);
         self.free_stale_claims(fabric.lease());
+        if self.stopping && self.links.is_empty() {
+            // No client writes into the server's segments any more: give them back.
+            for extent in self.extents {
+                fabric.free(extent);
+            }
+            return false;
+        }
         true
     }
 
-    /// The server stops: every client hears so.
-    fn stop(&mut self) {
-        for link in &self.links {
-            self.mailbox.server_gone(
-                link.slot,
-                link.seq,
-                Code::Unavailable as u32,
-                "the service is shutting down",
-            );
-        }
-        self.links.clear();
+    /// Frees the slots of refused clients once they read why (or died, or two leases on).
+    fn release_refused(&mut self, fabric: &Fabric) {
+        let quarantine = 2 * fabric.lease();
+        let mailbox = &self.mailbox;
+        self.refused.retain(|&(slot, seq, client, since)| {
+            let done = mailbox.is_client_gone(slot, seq)
+                || client.is_none_or(|c| !fabric.is_alive(c))
+                || since.elapsed() > quarantine;
+            !(done
+                && (mailbox.release(slot, seq) || mailbox.state(slot).is_none_or(|s| s.1 != seq)))
+        });
     }
 
     fn free_stale_claims(&mut self, lease: Duration) {
@@ -160,26 +195,34 @@ impl Admissions {
         self.claimed = still;
     }
 
+    /// Admits the request in a slot, or refuses it saying why.
     fn admit(&mut self, server: &ServerState, fabric: &Fabric, request: Request) {
+        let (slot, seq, client) = (request.slot, request.seq, request.client);
+        if let Err(status) = self.try_admit(server, fabric, request) {
+            if self
+                .mailbox
+                .refuse(slot, seq, status.code() as u32, status.message())
+            {
+                self.refused.push((slot, seq, client, Instant::now()));
+            }
+        }
+    }
+
+    fn try_admit(
+        &mut self,
+        server: &ServerState,
+        fabric: &Fabric,
+        request: Request,
+    ) -> Result<(), Status> {
         let (slot, seq) = (request.slot, request.seq);
-        let refuse = |status: Status| {
-            self.mailbox
-                .refuse(slot, seq, status.code() as u32, status.message());
-        };
         let Some(client) = request.client.filter(|&c| fabric.is_alive(c)) else {
             // Nobody to tell: the slot is free again.
             self.mailbox.release(slot, seq);
-            return;
+            return Ok(());
         };
-        if !fabric.same_kernel(client) {
-            // Its wake-ups never reach our workers' futexes: they poll from now on.
-            server
-                .remote_clients
-                .store(true, crate::sync::Ordering::Relaxed);
-        }
         let words = request.words;
         if words[0] != u64::from(PROTOCOL_VERSION) {
-            return refuse(Status::unavailable(format!(
+            return Err(Status::unavailable(format!(
                 "client speaks netless protocol {}, server {PROTOCOL_VERSION}",
                 words[0]
             )));
@@ -190,7 +233,7 @@ impl Admissions {
         };
         let max = ConnSegment::max_len(server.config.max_client_ring);
         if !fabric.is_owned_by(conn_extent, client, max as u64) {
-            return refuse(Status::invalid_argument(format!(
+            return Err(Status::invalid_argument(format!(
                 "the connection segment the client named is not memory it holds, or is longer \
                  than the {max} bytes this server maps (its max_client_ring)"
             )));
@@ -201,7 +244,7 @@ impl Admissions {
             .and_then(ConnSegment::attach_segment);
         let (segment, producer) = match attached {
             Ok(s) => s,
-            Err(e) => return refuse(Status::invalid_argument(e)),
+            Err(e) => return Err(Status::invalid_argument(e)),
         };
         let client_max = usize::try_from(words[1]).unwrap_or(usize::MAX);
         // Refs from a member of our domain whose claim to its row holds (see
@@ -219,14 +262,14 @@ impl Admissions {
         let rings = match (&self.polled, words[6]) {
             (None, 0) => None,
             (Some(_), 0) => {
-                return refuse(Status::new(
+                return Err(Status::new(
                     Code::FailedPrecondition,
                     "this fabric is software-coherent: a client must bring polled rings (its \
                      netless is too old, or it opened the region as hardware-coherent)",
                 ))
             }
             (None, _) => {
-                return refuse(Status::new(
+                return Err(Status::new(
                     Code::FailedPrecondition,
                     "this fabric is hardware-coherent: polled rings are not served here",
                 ))
@@ -238,13 +281,13 @@ impl Admissions {
                 };
                 match attach_rings(fabric, client, extent) {
                     Ok(rings) => Some(rings),
-                    Err(e) => return refuse(Status::invalid_argument(e)),
+                    Err(e) => return Err(Status::invalid_argument(e)),
                 }
             }
         };
         let (near, far) = match UnixStream::pair() {
             Ok(pair) => pair,
-            Err(e) => return refuse(Status::resource_exhausted(format!("socketpair: {e}"))),
+            Err(e) => return Err(Status::resource_exhausted(format!("socketpair: {e}"))),
         };
         let _ = far.set_nonblocking(true);
         self.generation = self.generation.wrapping_add(1);
@@ -256,13 +299,16 @@ impl Admissions {
             peer_member,
             generation: self.generation,
         };
-        let conn = match install(server, newcomer, &near) {
-            Ok(conn) => conn,
-            Err(status) => return refuse(status),
-        };
+        let conn = install(server, newcomer, &near)?;
         if let Some(group) = server.group(&conn) {
             // Put back what a faulty member of the group may have overwritten.
             group.replica.restore_headers();
+        }
+        if !fabric.same_kernel(client) {
+            // Its wake-ups never reach our workers' futexes: they poll from now on.
+            server
+                .remote_clients
+                .store(true, crate::sync::Ordering::Relaxed);
         }
         let reply = [
             u64::from(PROTOCOL_VERSION),
@@ -277,7 +323,32 @@ impl Admissions {
         if !self.mailbox.accept(slot, seq, reply) {
             server.conns.remove(conn.index);
             server.count_connection(-1);
-            return;
+            return Ok(());
+        }
+        // When the last handle on the connection drops, nothing of the server writes into
+        // the client's memory any more: say so, and give back what was adopted from a dead
+        // client.
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let adopted: Arc<std::sync::Mutex<Vec<Extent>>> = Arc::default();
+        {
+            let (mailbox, fabric) = (self.mailbox.clone(), fabric.clone());
+            let (released, adopted) = (released.clone(), adopted.clone());
+            *super::conn::lock(&conn.on_release) = Some(Box::new(move || {
+                mailbox.released(slot, seq);
+                // Under the lock the link adopts under: nothing is adopted after this.
+                let mut adopted = super::conn::lock(&adopted);
+                for extent in adopted.drain(..) {
+                    fabric.free(extent);
+                }
+                released.store(true, std::sync::atomic::Ordering::Release);
+            }));
+        }
+        let mut client_extents = vec![conn_extent];
+        if words[6] != 0 {
+            client_extents.push(Extent {
+                offset: words[6],
+                len: words[7],
+            });
         }
         if let (Some(polled), Some(rings)) = (&self.polled, rings) {
             let polled_conn = Arc::new(PolledConn::new(
@@ -297,7 +368,11 @@ impl Admissions {
             far,
             hung_up: false,
             done: false,
+            client_extents,
+            adopted,
+            released,
         });
+        Ok(())
     }
 }
 
@@ -312,14 +387,31 @@ struct Link {
     hung_up: bool,
     /// Whether the server is done with the connection (and said so in the slot).
     done: bool,
+    /// The client's memory the server maps (connection segment, polled rings): adopted if
+    /// the client dies, so the fabric does not hand it out while a reply may still land.
+    client_extents: Vec<Extent>,
+    adopted: Arc<std::sync::Mutex<Vec<Extent>>>,
+    /// Set when the connection's last handle dropped (see `Conn::on_release`).
+    released: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Link {
     /// One tick; `false` once the connection is over on both sides and the slot is free.
     fn step(&mut self, fabric: &Fabric, mailbox: &Mailbox) -> bool {
-        if !self.hung_up
-            && (mailbox.is_client_gone(self.slot, self.seq) || !fabric.is_alive(self.client))
-        {
+        let dead = !fabric.is_alive(self.client);
+        if dead && !self.client_extents.is_empty() {
+            // Before the fabric reclaims them (two leases on), while a reply may still land.
+            let mut adopted = super::conn::lock(&self.adopted);
+            if self.released.load(std::sync::atomic::Ordering::Acquire) {
+                self.client_extents.clear();
+            }
+            for extent in self.client_extents.drain(..) {
+                if fabric.adopt(extent) {
+                    adopted.push(extent);
+                }
+            }
+        }
+        if !self.hung_up && (dead || mailbox.is_client_gone(self.slot, self.seq)) {
             let _ = self.far.shutdown(std::net::Shutdown::Both);
             self.hung_up = true;
         }
@@ -350,7 +442,7 @@ impl Link {
                 self.done = true;
             }
         }
-        if self.done && self.hung_up {
+        if self.done && self.hung_up && self.released.load(std::sync::atomic::Ordering::Acquire) {
             mailbox.release(self.slot, self.seq);
             return false;
         }

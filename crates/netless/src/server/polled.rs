@@ -95,22 +95,22 @@ impl PolledConn {
             } else {
                 &[]
             };
-            let too_long = (body.len() > self.client_max).then(|| {
-                Status::resource_exhausted(format!(
-                    "the reply of {} bytes exceeds the {} the client accepts",
-                    body.len(),
-                    self.client_max
-                ))
-            });
             let mut message = Vec::new();
-            match &too_long {
-                Some(status) => encode_reply(Err(status), &Metadata::new(), &[], &mut message),
-                None => encode_reply(
-                    outcome.as_ref().copied(),
-                    &response.metadata,
-                    body,
-                    &mut message,
-                ),
+            encode_reply(
+                outcome.as_ref().copied(),
+                &response.metadata,
+                body,
+                &mut message,
+            );
+            // The client takes messages of at most `client_max` bytes, as encoded.
+            if message.len() > self.client_max {
+                let status = Status::resource_exhausted(format!(
+                    "the reply of {} bytes exceeds the {} the client accepts \
+                     (ClientConfig::max_message)",
+                    message.len(),
+                    self.client_max
+                ));
+                encode_reply(Err(&status), &Metadata::new(), &[], &mut message);
             }
             if let Err(status) = self.queue(call_id, &message) {
                 self.conn.close(status);
@@ -203,11 +203,14 @@ impl PolledConn {
         let buf = domain
             .map_from_member(&r, peer)
             .map_err(|e| Status::invalid_argument(format!("its Ref: {e}")))?;
-        let mut pages = lock(pages);
-        let view = pages.as_mut().ok_or_else(refused)?;
         let until = Instant::now() + Duration::from_millis(200);
         loop {
-            view.read_fresh(&buf, out)
+            // The view's lock only while reading: a client whose pages never arrive holds up
+            // nobody else's.
+            lock(pages)
+                .as_mut()
+                .ok_or_else(refused)?
+                .read_fresh(&buf, out)
                 .map_err(|e| Status::internal(e.to_string()))?;
             if netless_ring::polled::crc32c(out) == crc {
                 return Ok(());
@@ -242,9 +245,9 @@ impl PolledConns {
     pub(super) fn run(&self, server: &ServerState, i: usize, n: usize) {
         let mut backoff = Backoff::new(Duration::from_millis(1));
         let mut mine: Vec<Arc<PolledConn>> = Vec::new();
-        let mut refreshed = Instant::now() - Duration::from_secs(1);
+        let mut refreshed: Option<Instant> = None;
         while !server.is_stopping() {
-            if refreshed.elapsed() > Duration::from_millis(1) {
+            if refreshed.is_none_or(|r| r.elapsed() > Duration::from_millis(1)) {
                 let mut list = lock(&self.list);
                 list.retain(|c| !c.conn.is_dead());
                 mine = list
@@ -252,7 +255,7 @@ impl PolledConns {
                     .filter(|c| c.conn.index as usize % n == i)
                     .cloned()
                     .collect();
-                refreshed = Instant::now();
+                refreshed = Some(Instant::now());
             }
             let mut busy = false;
             for conn in &mine {

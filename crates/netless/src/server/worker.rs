@@ -321,6 +321,10 @@ impl<'a> Worker<'a> {
                 // (its soft registers and bookkeeping) is for a queue that ran dry.
                 None if busy && let Some(block) = take(false) => Some(block),
                 None => {
+                    // Handles on connections retired meanwhile go, so their memory can (and a
+                    // retirement during the wait ends it, to come back here).
+                    self.conns.prune(&server.conns);
+                    let retired = server.conns.retirements();
                     // The soft registers, read on every wait: `netless ctl` changes apply at
                     // once.
                     let wait = crate::control::wait_policy(control);
@@ -334,7 +338,10 @@ impl<'a> Worker<'a> {
                         &mut sleeps,
                         || {
                             polls = polls.wrapping_add(1);
-                            if server.is_stopping() || server.groups.count() != nlanes {
+                            if server.is_stopping()
+                                || server.groups.count() != nlanes
+                                || server.conns.retirements() != retired
+                            {
                                 return Some(None);
                             }
                             // Most polls read only the next cell; every 256th also checks
