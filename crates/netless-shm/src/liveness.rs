@@ -131,6 +131,7 @@ fn byte_lock(token: u64, kind: libc::c_int) -> Result<libc::flock, Error> {
     Ok(lock)
 }
 
+#[cfg(not(loom))]
 /// Holds byte `byte` of `file` (open for writing) exclusively until the returned guard drops,
 /// waiting at most `timeout` for another open file to let go of it: a mutex between the
 /// processes of one kernel, in any namespace, that the kernel releases if its holder dies.
@@ -156,11 +157,13 @@ pub(crate) fn exclusive_byte(
 }
 
 /// See [`exclusive_byte`].
+#[cfg(not(loom))]
 pub(crate) struct ExclusiveByte<'f> {
     file: &'f File,
     byte: u64,
 }
 
+#[cfg(not(loom))]
 impl Drop for ExclusiveByte<'_> {
     fn drop(&mut self) {
         if let Ok(mut lock) = byte_lock(self.byte, libc::F_UNLCK) {

@@ -28,7 +28,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,7 @@ mod directory;
 mod layout;
 mod mailbox;
 mod members;
+mod upkeep;
 
 pub use alloc::Extent;
 pub use directory::{Entry, ENTRY_EXTENTS};
@@ -278,7 +279,7 @@ impl Fabric {
         let weak = Arc::downgrade(&inner);
         let thread = std::thread::Builder::new()
             .name("netless-fabric".into())
-            .spawn(move || run(weak))
+            .spawn(move || upkeep::run(weak))
             .map_err(|source| Error::Io {
                 op: "spawn of the fabric thread",
                 source,
@@ -336,6 +337,13 @@ impl Fabric {
         }
         let judge = self.judge();
         lock(&self.inner.ticks).observer.alive(&judge, member)
+    }
+
+    /// Whether this member was evicted: judged dead by the others and its slot reclaimed
+    /// (it was stopped, or its thread starved, for longer than a lease). An evicted member
+    /// no longer beats, allocates or reclaims; its connections fail.
+    pub fn is_evicted(&self) -> bool {
+        self.inner.evicted.load(Ordering::Acquire)
     }
 
     /// Whether `member` runs on this kernel (same boot id), so futexes and locks reach it.
@@ -749,174 +757,6 @@ fn join(
         "its {MEMBERS} member slots are all taken: stop some of its processes, or wait a lease \
          for dead ones to be reclaimed"
     ))
-}
-
-/// The fabric's thread: beats, runs watchers, frees what is due and reclaims dead members,
-/// until the last handle drops.
-fn run(weak: Weak<Inner>) {
-    loop {
-        let Some(inner) = weak.upgrade() else { return };
-        let fabric = Fabric { inner };
-        let tick = fabric.tick();
-        let member = fabric.beat();
-        fabric.run_watchers();
-        if member {
-            fabric.free_due();
-            fabric.reclaim_dead();
-            fabric.sweep();
-        }
-        drop(fabric);
-        std::thread::sleep(tick);
-    }
-}
-
-impl Fabric {
-    /// Beats, if this member is still one: a member whose slot no longer names it (others
-    /// judged it dead while it was stopped, and reclaimed it) is evicted, and stops.
-    fn beat(&self) -> bool {
-        let slot = self.inner.geometry.member(self.inner.me.index as usize);
-        let words = &self.inner.words;
-        let live = (u64::from(self.inner.me.generation) << 8) | members::LIVE;
-        if words.word(slot + members::M_STATE).load(Ordering::Acquire) != live {
-            self.inner.evicted.store(true, Ordering::Release);
-            return false;
-        }
-        // One writer (this member), so no atomic add; a forged value only wraps.
-        let beat = words.load(slot + members::M_HEARTBEAT).wrapping_add(1);
-        words.store(slot + members::M_HEARTBEAT, beat);
-        true
-    }
-
-    /// Runs the watchers; one that panics is dropped (and the panic reported), never the
-    /// thread that keeps this member alive.
-    fn run_watchers(&self) {
-        let mut watchers = std::mem::take(&mut lock(&self.inner.ticks).watchers);
-        watchers.retain_mut(|w| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w(self))).unwrap_or(false)
-        });
-        lock(&self.inner.ticks).watchers.extend(watchers);
-    }
-
-    /// Whether this member was evicted: judged dead by the others and its slot reclaimed
-    /// (it was stopped, or its thread starved, for longer than a lease). An evicted member
-    /// no longer beats, allocates or reclaims; its connections fail.
-    pub fn is_evicted(&self) -> bool {
-        self.inner.evicted.load(Ordering::Acquire)
-    }
-
-    fn free_due(&self) {
-        let now = Instant::now();
-        let due: Vec<Extent> = {
-            let mut ticks = lock(&self.inner.ticks);
-            let (due, keep) = ticks.later.drain(..).partition(|(at, _)| *at <= now);
-            ticks.later = keep;
-            due.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
-        };
-        for extent in due {
-            self.free(extent);
-        }
-    }
-
-    /// Frees what no reclaim reaches, two leases after it is first seen: directory entries a
-    /// publisher died claiming, and units whose owner is no slot's occupant (every 25th
-    /// tick: it reads the whole unit table).
-    fn sweep(&self) {
-        let (words, g) = (&self.inner.words, &self.inner.geometry);
-        let quarantine = 2 * self.inner.lease;
-        let now = Instant::now();
-        let mut ticks = lock(&self.inner.ticks);
-        ticks.ticks += 1;
-        let mut claiming = std::collections::HashMap::new();
-        for index in 0..DIRECTORY as u32 {
-            if let Some(seen) = directory::claiming(words, g, index) {
-                let since = match ticks.claiming.get(&index) {
-                    Some(&(s, since)) if s == seen => since,
-                    _ => now,
-                };
-                if now.duration_since(since) < quarantine
-                    || !directory::free_stuck(words, g, index, seen)
-                {
-                    claiming.insert(index, (seen, since));
-                }
-            }
-        }
-        ticks.claiming = claiming;
-        if !ticks.ticks.is_multiple_of(25) {
-            return;
-        }
-        let mut stale = std::collections::HashMap::new();
-        for owner in alloc::owners(words, g) {
-            let state = words
-                .word(g.member(owner.index as usize) + members::M_STATE)
-                .load(Ordering::Acquire);
-            let occupant = members::phase(state) != members::FREE
-                && members::generation(state) == owner.generation;
-            if occupant {
-                continue;
-            }
-            let since = ticks.stale.get(&owner).copied().unwrap_or(now);
-            if now.duration_since(since) >= quarantine {
-                alloc::free_all(words, g, owner);
-            } else {
-                stale.insert(owner, since);
-            }
-        }
-        ticks.stale = stale;
-    }
-
-    /// Reclaims members dead (or gone) for two leases: their units and directory entries,
-    /// then their slot.
-    fn reclaim_dead(&self) {
-        let (words, g) = (&self.inner.words, &self.inner.geometry);
-        for index in 0..MEMBERS {
-            if index == self.inner.me.index as usize {
-                continue;
-            }
-            let state = words.word(g.member(index) + members::M_STATE);
-            let s = state.load(Ordering::Acquire);
-            let phase = members::phase(s);
-            if phase == members::FREE {
-                continue;
-            }
-            let member = MemberId {
-                index: index as u32,
-                generation: members::generation(s),
-            };
-            // A member that left, or one found dead, waits two leases; a reclaim another
-            // member started and did not finish is redone by the same rule.
-            let alive = phase == members::LIVE && self.is_alive(member);
-            if alive {
-                continue;
-            }
-            let judge = self.judge();
-            let dead_for = {
-                let mut ticks = lock(&self.inner.ticks);
-                ticks.observer.alive(&judge, member);
-                ticks.observer.dead_for(member).unwrap_or_default()
-            };
-            if dead_for < 2 * self.inner.lease {
-                continue;
-            }
-            let reclaiming = (u64::from(member.generation) << 8) | members::RECLAIMING;
-            if phase != members::RECLAIMING
-                && state
-                    .compare_exchange(s, reclaiming, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_err()
-            {
-                continue;
-            }
-            let units = alloc::free_all(words, g, member);
-            let entries = directory::withdraw_all(words, g, member);
-            let _ = state.compare_exchange(
-                reclaiming,
-                u64::from(member.generation) << 8,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
-            lock(&self.inner.ticks).observer.forget(member);
-            let _ = (units, entries);
-        }
-    }
 }
 
 impl Drop for Inner {
