@@ -82,6 +82,9 @@ impl Domain {
         })?;
         netless_shm::hold_liveness_token(&file, token_of(me))?;
         let tokens = Tokens::new(Arc::new(file));
+        // Making, joining and leaving the pool take turns: no two members make one each,
+        // and no member leaves it to nobody while another is joining.
+        let turn = fabric.lock_name(&entry_name(&config.name))?;
         let (map, extent) = find_or_make(config, fabric)?;
         let who = Identity {
             pid: std::process::id(),
@@ -99,6 +102,7 @@ impl Domain {
             extent,
             name: entry_name(&config.name),
         });
+        drop(turn);
         let mut keeper = Keeper {
             membership: Arc::downgrade(&domain.membership),
             extent,
@@ -116,65 +120,66 @@ fn find_or_make(config: &DomainConfig, fabric: &Fabric) -> Result<(PoolMap, Exte
         reason,
     };
     let name = entry_name(&config.name);
-    for _ in 0..4 {
-        if let Some(entry) = fabric.lookup(&name, None).into_iter().next() {
-            if !fabric.same_kernel(entry.owner) {
-                return Err(refuse(
-                    "its pool is held by a member on another kernel, whose liveness this \
-                     kernel cannot see: pass by value, or keep a domain's members on one host"
-                        .into(),
-                ));
-            }
-            let extent = entry.extents[0];
-            if !fabric.is_owned_by(extent, entry.owner, 1 << 40) {
-                return Err(refuse(
-                    "its directory entry names memory its holder does not hold".into(),
-                ));
-            }
-            let map = PoolMap::attach_segment(fabric.map(extent)?, None)?;
-            return Ok((map, extent));
+    if let Some(entry) = fabric.lookup(&name, None).into_iter().next() {
+        if !fabric.same_kernel(entry.owner) {
+            return Err(refuse(
+                "its pool is held by a member on another kernel, whose liveness this \
+                 kernel cannot see: pass by value, or keep a domain's members on one host"
+                    .into(),
+            ));
         }
-        let geometry = config.geometry;
-        geometry.validate()?;
-        let len = geometry.header(0).total_len as usize;
-        let extent = fabric.alloc(len)?;
-        let segment = match fabric.map(extent) {
-            Ok(segment) => segment,
-            Err(e) => {
-                fabric.free(extent);
-                return Err(e.into());
-            }
-        };
-        // SAFETY: a fresh mapping of `len` bytes of units this member just took; nobody else
-        // has been told where they are.
-        unsafe { std::ptr::write_bytes(segment.as_ptr(), 0, segment.len()) };
-        let map = match PoolMap::create_in(segment, geometry, random_id()) {
-            Ok(map) => map,
-            Err(e) => {
-                fabric.free(extent);
-                return Err(e);
-            }
-        };
-        let none = Extent { offset: 0, len: 0 };
-        let index = match fabric.publish(&name, None, [extent, none, none], 0) {
-            Ok(index) => index,
-            Err(e) => {
-                fabric.free(extent);
-                return Err(e.into());
-            }
-        };
-        // Two members that made a pool at once: the entry listed first wins.
-        let first = fabric.lookup(&name, None).first().map(|e| e.index);
-        if first == Some(index) {
-            return Ok((map, extent));
+        let extent = entry.extents[0];
+        if !fabric.is_owned_by(extent, entry.owner, 1 << 40) {
+            return Err(refuse(
+                "its directory entry names memory its holder does not hold".into(),
+            ));
         }
-        fabric.withdraw(index);
-        drop(map);
-        fabric.free(extent);
+        let map = PoolMap::attach_segment(fabric.map(extent)?, None)?;
+        return Ok((map, extent));
     }
-    Err(refuse(
-        "its pool kept changing hands while this member joined: retry".into(),
-    ))
+    // A pool whose holder died before another member adopted it: adopt it here, rather
+    // than make a second one beside its members.
+    let orphan = fabric
+        .entries()
+        .into_iter()
+        .find(|e| e.name == name && e.replica.is_none() && !fabric.is_alive(e.owner));
+    if let Some(entry) = orphan {
+        let extent = entry.extents[0];
+        if fabric.is_owned_by(extent, entry.owner, 1 << 40) && fabric.adopt(extent) {
+            let map = PoolMap::attach_segment(fabric.map(extent)?, None)?;
+            let none = Extent { offset: 0, len: 0 };
+            fabric.publish(&name, None, [extent, none, none], 0)?;
+            return Ok((map, extent));
+        }
+    }
+    let geometry = config.geometry;
+    geometry.validate()?;
+    let len = geometry.header(0).total_len as usize;
+    let extent = fabric.alloc(len)?;
+    let segment = match fabric.map(extent) {
+        Ok(segment) => segment,
+        Err(e) => {
+            fabric.free(extent);
+            return Err(e.into());
+        }
+    };
+    // SAFETY: a fresh mapping of `len` bytes of units this member just took; nobody else
+    // has been told where they are.
+    unsafe { std::ptr::write_bytes(segment.as_ptr(), 0, segment.len()) };
+    let map = match PoolMap::create_in(segment, geometry, random_id()) {
+        Ok(map) => map,
+        Err(e) => {
+            fabric.free(extent);
+            return Err(e);
+        }
+    };
+    let none = Extent { offset: 0, len: 0 };
+    // Under the name's lock: no other member of this kernel makes one meanwhile.
+    if let Err(e) = fabric.publish(&name, None, [extent, none, none], 0) {
+        fabric.free(extent);
+        return Err(e.into());
+    }
+    Ok((map, extent))
 }
 
 fn random_id() -> u64 {
@@ -222,6 +227,8 @@ pub(crate) struct Hold {
 impl Hold {
     pub(crate) fn leave(self, membership: &Membership) {
         let fabric = &self.fabric;
+        // In turn with joiners (see `join_fabric`); without the lock, as safe as before.
+        let _turn = fabric.lock_name(&self.name).ok();
         if fabric.owner_of(self.extent) != Some(fabric.member()) {
             return;
         }

@@ -182,3 +182,36 @@ fn pages_not_written_back_never_pass_for_the_data() {
     }
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn members_joining_at_once_make_one_pool() {
+    let path = region("race");
+    for round in 0..5 {
+        let name = format!("race{round}");
+        let fabrics: Vec<Fabric> = (0..4).map(|_| open(&path)).collect();
+        let barrier = std::sync::Barrier::new(fabrics.len());
+        let ids: Vec<u64> = std::thread::scope(|scope| {
+            let joins: Vec<_> = fabrics
+                .iter()
+                .map(|f| {
+                    let (barrier, name) = (&barrier, &name);
+                    scope.spawn(move || {
+                        let mut config = config();
+                        config.name = name.clone();
+                        barrier.wait();
+                        let domain = Domain::join_fabric(&config, f).unwrap();
+                        let id = domain.id();
+                        (id, domain)
+                    })
+                })
+                .collect();
+            let joined: Vec<(u64, Domain)> = joins.into_iter().map(|j| j.join().unwrap()).collect();
+            joined.iter().map(|(id, _)| *id).collect()
+        });
+        assert!(
+            ids.windows(2).all(|w| w[0] == w[1]),
+            "round {round}: pools {ids:x?}"
+        );
+    }
+    let _ = std::fs::remove_file(path);
+}

@@ -131,20 +131,20 @@ fn byte_lock(token: u64, kind: libc::c_int) -> Result<libc::flock, Error> {
     Ok(lock)
 }
 
+/// Locks byte `byte` of `file` (open for writing) exclusively, waiting at most `timeout` for
+/// another open file to let go of it: a mutex between the processes of one kernel, in any
+/// namespace, held until `file` closes (or its holder dies).
 #[cfg(not(loom))]
-/// Holds byte `byte` of `file` (open for writing) exclusively until the returned guard drops,
-/// waiting at most `timeout` for another open file to let go of it: a mutex between the
-/// processes of one kernel, in any namespace, that the kernel releases if its holder dies.
-pub(crate) fn exclusive_byte(
+pub(crate) fn lock_byte_exclusive(
     file: &File,
     byte: u64,
     timeout: std::time::Duration,
-) -> Result<ExclusiveByte<'_>, Error> {
+) -> Result<(), Error> {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let mut lock = byte_lock(byte, libc::F_WRLCK)?;
         match fcntl_lock(file, libc::F_OFD_SETLK, &mut lock, "F_OFD_SETLK (F_WRLCK)") {
-            Ok(()) => return Ok(ExclusiveByte { file, byte }),
+            Ok(()) => return Ok(()),
             Err(Error::Io { source, .. })
                 if matches!(source.raw_os_error(), Some(libc::EAGAIN | libc::EACCES))
                     && std::time::Instant::now() < deadline =>
@@ -152,27 +152,6 @@ pub(crate) fn exclusive_byte(
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             Err(e) => return Err(e),
-        }
-    }
-}
-
-/// See [`exclusive_byte`].
-#[cfg(not(loom))]
-pub(crate) struct ExclusiveByte<'f> {
-    file: &'f File,
-    byte: u64,
-}
-
-#[cfg(not(loom))]
-impl Drop for ExclusiveByte<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut lock) = byte_lock(self.byte, libc::F_UNLCK) {
-            let _ = fcntl_lock(
-                self.file,
-                libc::F_OFD_SETLK,
-                &mut lock,
-                "F_OFD_SETLK (F_UNLCK)",
-            );
         }
     }
 }

@@ -55,6 +55,14 @@ use members::{Judge, Observer};
 
 /// The byte of the fabric file whose exclusive lock serialises sizing and formatting.
 const SETUP_LOCK: u64 = 1 << 49;
+/// The first of the bytes `Fabric::lock_name` locks.
+const NAME_LOCKS: u64 = 1 << 48;
+
+/// A lock taken with [`Fabric::lock_name`]; released when it drops.
+#[derive(Debug)]
+pub struct NameLock {
+    _file: File,
+}
 
 /// Default lease: a member whose heartbeat has not moved for this long is dead.
 pub const DEFAULT_LEASE: Duration = Duration::from_millis(800);
@@ -182,7 +190,14 @@ impl Fabric {
         // Sizing and formatting happen under an exclusive lock byte of the file, so two
         // creators never size one file differently, nor format it twice (one kernel's
         // openers; a region shared across kernels is made once, before the others join).
-        let setup = crate::liveness::exclusive_byte(&file, SETUP_LOCK, Duration::from_secs(10))?;
+        let setup = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|source| Error::Io {
+                op: "open of a fabric file",
+                source,
+            })?;
+        crate::liveness::lock_byte_exclusive(&setup, SETUP_LOCK, Duration::from_secs(10))?;
         let mut size = region_size(&file)?;
         let sized_here = size == 0;
         if sized_here {
@@ -344,6 +359,29 @@ impl Fabric {
     /// no longer beats, allocates or reclaims; its connections fail.
     pub fn is_evicted(&self) -> bool {
         self.inner.evicted.load(Ordering::Acquire)
+    }
+
+    /// Serialises what this kernel's members do under `name` (making, joining and leaving a
+    /// structure they share) until the returned lock drops: an exclusive lock on a byte of
+    /// the fabric file named after it, which the kernel drops if the holder dies. Names
+    /// whose bytes collide only wait for each other.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the lock is not granted within ten seconds.
+    pub fn lock_name(&self, name: &str) -> Result<NameLock, Error> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        let byte = NAME_LOCKS + (h.finish() & 0xffff_ffff);
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&self.inner.path)
+            .map_err(|source| Error::Io {
+                op: "open of a fabric file",
+                source,
+            })?;
+        crate::liveness::lock_byte_exclusive(&file, byte, Duration::from_secs(10))?;
+        Ok(NameLock { _file: file })
     }
 
     /// Whether `member` runs on this kernel (same boot id), so futexes and locks reach it.
