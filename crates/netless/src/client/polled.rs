@@ -108,7 +108,10 @@ impl PolledClient {
         message: &[u8],
         deadline: Option<Instant>,
     ) -> Result<u64, Status> {
-        let mut backoff = Backoff::new(conn.max_sleep.min(Duration::from_millis(1)));
+        let mut backoff = Backoff::new(
+            conn.config.wait.spin,
+            conn.max_sleep.min(Duration::from_millis(1)),
+        );
         let mut st = lock(&self.state);
         // Requests that could not go out pile up only so far: a server that stopped reading
         // them fails the connection rather than this process's memory.
@@ -156,8 +159,10 @@ impl PolledClient {
         deadline: Option<Instant>,
         out: &mut Vec<u8>,
     ) -> Result<Metadata, Status> {
-        let spin_until = Instant::now() + conn.config.wait.spin;
-        let mut backoff = Backoff::new(conn.max_sleep.min(Duration::from_millis(1)));
+        let mut backoff = Backoff::new(
+            conn.config.wait.spin,
+            conn.max_sleep.min(Duration::from_millis(1)),
+        );
         loop {
             let reply = {
                 let mut st = lock(&self.state);
@@ -188,11 +193,7 @@ impl PolledClient {
                 return Ok(metadata);
             }
             check(conn, deadline)?;
-            if Instant::now() >= spin_until {
-                backoff.wait();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff.wait();
         }
     }
 }

@@ -473,33 +473,42 @@ pub(crate) fn decode_reply(bytes: &[u8]) -> Result<(Result<(), Status>, Metadata
     Ok((status, metadata, md_end))
 }
 
-/// Waiting without a futex: spin a little, then yield, then sleep longer and longer (at
-/// most `max_sleep`).
+/// Waiting without a futex: spin for the wait policy's budget since the last thing done,
+/// then yield a while, then sleep longer and longer (at most `max_sleep`).
 #[derive(Debug)]
 pub(crate) struct Backoff {
     round: u32,
+    spin: std::time::Duration,
+    since: Option<std::time::Instant>,
     max_sleep: std::time::Duration,
 }
 
 impl Backoff {
-    pub(crate) fn new(max_sleep: std::time::Duration) -> Backoff {
+    pub(crate) fn new(spin: std::time::Duration, max_sleep: std::time::Duration) -> Backoff {
         Backoff {
             round: 0,
+            spin,
+            since: None,
             max_sleep,
         }
     }
 
     pub(crate) fn reset(&mut self) {
         self.round = 0;
+        self.since = None;
     }
 
     pub(crate) fn wait(&mut self) {
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < self.spin {
+            std::hint::spin_loop();
+            return;
+        }
         self.round = self.round.saturating_add(1);
         match self.round {
-            0..=200 => std::hint::spin_loop(),
-            201..=260 => std::thread::yield_now(),
+            0..=64 => std::thread::yield_now(),
             n => {
-                let us = 10u64 << (n - 260).min(10);
+                let us = 10u64 << (n - 64).min(10);
                 std::thread::sleep(std::time::Duration::from_micros(us).min(self.max_sleep));
             }
         }

@@ -243,7 +243,7 @@ impl PolledConns {
 
     /// Poller `i` of `n`: serves its share of the connections until the server stops.
     pub(super) fn run(&self, server: &ServerState, i: usize, n: usize) {
-        let mut backoff = Backoff::new(Duration::from_millis(1));
+        let mut backoff = Backoff::new(server.config.wait.spin, Duration::from_millis(1));
         let mut mine: Vec<Arc<PolledConn>> = Vec::new();
         let mut refreshed: Option<Instant> = None;
         while !server.is_stopping() {
@@ -256,6 +256,12 @@ impl PolledConns {
                     .cloned()
                     .collect();
                 refreshed = Some(Instant::now());
+            }
+            if mine.is_empty() {
+                // Nothing of ours to poll: spinning would only take the CPU from a poller
+                // that has connections.
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
             }
             let mut busy = false;
             for conn in &mine {
