@@ -43,7 +43,9 @@ pub struct DomainConfig {
     pub geometry: PoolGeometry,
     /// Refill the lease of free pages when it drops below this many pages...
     pub lease_low: usize,
-    /// ...and give pages back to the global free list when it grows above this many.
+    /// ...and give pages back to the global free list when it grows above this many. Whole
+    /// runs of freed buffers are leased apart, up to twice this many pages, so a buffer of the
+    /// same size reuses them.
     pub lease_high: usize,
     /// A Ref nobody mapped within this long is revoked by its creator (its pages are freed).
     pub ref_ttl: Duration,
@@ -409,7 +411,13 @@ impl Membership {
     }
 
     pub(crate) fn alloc_pages(&self, len: usize) -> Result<Vec<u32>, PoolError> {
-        self.holdings().ledger.alloc_pages(len)
+        let holdings = &mut *self.holdings();
+        // Refs mapped since the last call give their pages back first, so a buffer of the
+        // same size reuses them (a run that comes back whole stays leased as one).
+        holdings
+            .created_refs
+            .collect(&mut holdings.ledger, Collect::Some(COLLECT_BUDGET));
+        holdings.ledger.alloc_pages(len)
     }
 
     pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {

@@ -176,3 +176,27 @@ fn map_from_accepts_only_the_creators_refs() {
     let b = d.map_from(&r, std::process::id()).unwrap();
     assert_eq!(b.to_vec(), b"mine");
 }
+
+#[test]
+fn a_freed_run_is_leased_whole_and_reused() {
+    let d = domain();
+    let a = d.alloc_from(&vec![1u8; 8 * PAGE_SIZE]).unwrap();
+    let run = a.pages().to_vec();
+    drop(a);
+    assert!(
+        all_free(&d),
+        "a leased run counts as leased: {:?}",
+        d.stats()
+    );
+    let b = d.alloc(6 * PAGE_SIZE).unwrap();
+    assert_eq!(b.pages(), &run[..6], "the freed run is taken again");
+    // Shared, mapped and dropped: the run comes back when the Ref is collected.
+    let r = b.share().unwrap();
+    let c = d.map(&r).unwrap();
+    drop((b, c));
+    let e = d.alloc(6 * PAGE_SIZE).unwrap();
+    assert_eq!(e.pages(), &run[..6]);
+    drop(e);
+    d.collect();
+    assert!(all_free(&d), "{:?}", d.stats());
+}
