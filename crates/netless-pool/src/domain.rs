@@ -44,7 +44,9 @@ pub struct DomainConfig {
     pub geometry: PoolGeometry,
     /// Refill the lease of free pages when it drops below this many pages...
     pub lease_low: usize,
-    /// ...and give pages back to the global free list when it grows above this many.
+    /// ...and give pages back to the global free list when it grows above this many. Whole
+    /// runs of freed buffers are leased apart, up to twice this many pages, so a buffer of the
+    /// same size reuses them.
     pub lease_high: usize,
     /// A Ref nobody mapped within this long is revoked by its creator (its pages are freed).
     pub ref_ttl: Duration,
@@ -414,7 +416,13 @@ impl Membership {
     }
 
     pub(crate) fn alloc_pages(&self, len: usize) -> Result<Vec<u32>, PoolError> {
-        self.holdings().ledger.alloc_pages(len)
+        let holdings = &mut *self.holdings();
+        // Refs mapped since the last call give their pages back first, so a buffer of the
+        // same size reuses them (a run that comes back whole stays leased as one).
+        holdings
+            .created_refs
+            .collect(&mut holdings.ledger, Collect::Some(COLLECT_BUDGET));
+        holdings.ledger.alloc_pages(len)
     }
 
     pub(crate) fn create_ref(&self, data_pages: &[u32], len: usize) -> Result<Ref, PoolError> {
@@ -455,29 +463,47 @@ impl Membership {
         data: &[u8],
     ) -> Result<(), PoolError> {
         check_range(offset, data.len(), len)?;
-        let mut done = 0;
-        while done < data.len() {
-            let at = offset + done;
-            let (i, in_page) = (at / PAGE_SIZE, at % PAGE_SIZE);
-            let n = (PAGE_SIZE - in_page).min(data.len() - done);
-            let page_len = (len - i * PAGE_SIZE).min(PAGE_SIZE);
-            // Bytes of the old page outside [in_page, in_page + n) must be preserved.
-            let keep = if in_page == 0 && n >= page_len {
-                0
-            } else {
-                page_len
-            };
-            let page = self.holdings().ledger.private_page(pages, i, keep)?;
-            // SAFETY: `page` is in bounds and ours alone with one use (the buffer the caller
-            // borrows mutably); [in_page, in_page + n) lies within the page.
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = offset + data.len();
+        let touched = offset / PAGE_SIZE..end.div_ceil(PAGE_SIZE);
+        // First every touched page is made ours alone (one lock for them all)...
+        {
+            let ledger = &mut self.holdings().ledger;
+            for i in touched.clone() {
+                let page_start = i * PAGE_SIZE;
+                let page_len = (len - page_start).min(PAGE_SIZE);
+                let (lo, hi) = (offset.max(page_start), end.min(page_start + PAGE_SIZE));
+                // Bytes of the old page outside [lo, hi) must be preserved.
+                let keep = if lo == page_start && hi - lo >= page_len {
+                    0
+                } else {
+                    page_len
+                };
+                ledger.private_page(pages, i, keep)?;
+            }
+        }
+        // ...then the bytes go in, one copy per stretch of contiguous pages.
+        let mut i = touched.start;
+        while i < touched.end {
+            let mut j = i + 1;
+            while j < touched.end && pages[j] == pages[i].wrapping_add((j - i) as u32) {
+                j += 1;
+            }
+            let (lo, hi) = (offset.max(i * PAGE_SIZE), end.min(j * PAGE_SIZE));
+            // SAFETY: pages[i..j] are consecutive pool pages, in bounds, and ours alone with one
+            // use each (made so above; the caller borrows the buffer mutably, so nobody shares
+            // them meanwhile); [lo, hi) lies within them, starting `lo - i * PAGE_SIZE` bytes
+            // into page pages[i].
             unsafe {
                 netless_shm::copy::copy_bytes(
-                    data[done..].as_ptr(),
-                    self.map.page_ptr(page).add(in_page),
-                    n,
+                    data[lo - offset..].as_ptr(),
+                    self.map.page_ptr(pages[i]).add(lo - i * PAGE_SIZE),
+                    hi - lo,
                 )
             };
-            done += n;
+            i = j;
         }
         self.row()
             .bytes_copied

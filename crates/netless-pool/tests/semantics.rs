@@ -176,3 +176,59 @@ fn map_from_accepts_only_the_creators_refs() {
     let b = d.map_from(&r, std::process::id()).unwrap();
     assert_eq!(b.to_vec(), b"mine");
 }
+
+#[test]
+fn a_freed_run_is_leased_whole_and_reused() {
+    let d = domain();
+    let a = d.alloc_from(&vec![1u8; 8 * PAGE_SIZE]).unwrap();
+    let run = a.pages().to_vec();
+    drop(a);
+    assert!(
+        all_free(&d),
+        "a leased run counts as leased: {:?}",
+        d.stats()
+    );
+    let b = d.alloc(6 * PAGE_SIZE).unwrap();
+    assert_eq!(b.pages(), &run[..6], "the freed run is taken again");
+    // Shared, mapped and dropped: the run comes back when the Ref is collected.
+    let r = b.share().unwrap();
+    let c = d.map(&r).unwrap();
+    drop((b, c));
+    let e = d.alloc(6 * PAGE_SIZE).unwrap();
+    assert_eq!(e.pages(), &run[..6]);
+    drop(e);
+    d.collect();
+    assert!(all_free(&d), "{:?}", d.stats());
+}
+
+#[test]
+fn writes_across_pages_copy_only_shared_pages() {
+    let d = domain();
+    let mut a = d.alloc_from(&vec![1u8; 4 * PAGE_SIZE]).unwrap();
+    let r = a.share().unwrap();
+    let b = d.map(&r).unwrap();
+    let before = d.stats().pages_copied;
+    // Bytes 100 into page 1 to 50 into page 3: three pages touched, all shared.
+    a.write(PAGE_SIZE + 100, &vec![2u8; 2 * PAGE_SIZE - 50])
+        .unwrap();
+    assert_eq!(d.stats().pages_copied - before, 3);
+    let va = a.to_vec();
+    assert!(va[..PAGE_SIZE + 100].iter().all(|&x| x == 1));
+    assert!(va[PAGE_SIZE + 100..3 * PAGE_SIZE + 50]
+        .iter()
+        .all(|&x| x == 2));
+    assert!(va[3 * PAGE_SIZE + 50..].iter().all(|&x| x == 1));
+    assert!(
+        b.to_vec().iter().all(|&x| x == 1),
+        "the receiver's view is unchanged"
+    );
+    a.write(3 * PAGE_SIZE, &[]).unwrap();
+    assert_eq!(
+        d.stats().pages_copied - before,
+        3,
+        "an empty write copies nothing"
+    );
+    drop((a, b));
+    d.collect();
+    assert!(all_free(&d), "{:?}", d.stats());
+}

@@ -6,7 +6,10 @@
 //! or clears the process's bit when that count leaves or reaches zero. A page may be written
 //! in place only when this process counts one use and is the page's only holder; otherwise a
 //! write copies it first (copy-on-write). New pages come from the lease, a stock of free pages
-//! this process holds alone, refilled and trimmed in batches between two marks.
+//! this process holds alone, refilled and trimmed in batches between two marks. A buffer's
+//! contiguous run of pages that comes back whole (every page's last use, ours alone) stays
+//! leased as a run, so the next buffer of up to its length takes it with no atomic per page
+//! and writes memory that is still mapped and cached.
 //!
 //! The ledger never reads or writes a Ref slot (`ref_slots` does, using the ledger for every
 //! page it takes or gives back), and never writes a page's bytes except to copy a shared page
@@ -28,6 +31,9 @@ pub(super) struct PageLedger {
     counts: Vec<u32>,
     /// Free pages held by this process alone, with no local use yet.
     lease: Vec<u32>,
+    /// Free contiguous runs held by this process alone (first page, pages), most recently
+    /// freed last: part of the lease, kept whole for the next multi-page buffer.
+    runs: Vec<(u32, u32)>,
     /// Refill the lease below this many pages...
     lease_low: usize,
     /// ...and give pages back above this many.
@@ -45,14 +51,24 @@ impl PageLedger {
             member,
             counts: vec![0; npages],
             lease: Vec::new(),
+            runs: Vec::new(),
             lease_low,
             lease_high: config.lease_high.max(lease_low * 2),
         }
     }
 
-    /// Free pages leased to this process.
+    /// Free pages leased to this process (single pages and runs).
     pub(super) fn leased_pages(&self) -> usize {
-        self.lease.len()
+        self.lease.len() + self.run_pages()
+    }
+
+    fn run_pages(&self) -> usize {
+        self.runs.iter().map(|&(_, n)| n as usize).sum()
+    }
+
+    /// Most pages the lease keeps as whole runs, beyond the single pages' high mark.
+    fn runs_high(&self) -> usize {
+        2 * self.lease_high
     }
 
     fn row(&self) -> &MemberRow {
@@ -105,10 +121,95 @@ impl PageLedger {
         }
     }
 
-    /// One local use fewer of each of `pages`.
+    /// One local use fewer of each of `pages`. A contiguous stretch of them whose every
+    /// page this drops to no use, and that this process holds alone, is leased back whole.
     pub(super) fn unuse_pages(&mut self, pages: &[u32]) {
-        for &p in pages {
-            self.unuse_page(p);
+        let mut rest = pages;
+        while let Some(&first) = rest.first() {
+            let n = rest
+                .iter()
+                .enumerate()
+                .take_while(|&(i, &p)| p == first.wrapping_add(i as u32))
+                .count();
+            let (run, tail) = rest.split_at(n);
+            rest = tail;
+            if n < 2 || !self.lease_run(first, n) {
+                for &p in run {
+                    self.unuse_page(p);
+                }
+            }
+        }
+    }
+
+    /// Drops the last local use of pages `[first, first + n)` and keeps them as a leased
+    /// run, if each has exactly one use and this process is its only holder; otherwise
+    /// changes nothing and returns false.
+    fn lease_run(&mut self, first: u32, n: usize) -> bool {
+        let range = first as usize..first as usize + n;
+        let Some(counts) = self.counts.get(range.clone()) else {
+            return false;
+        };
+        if counts.iter().any(|&c| c != 1)
+            || !range
+                .clone()
+                .all(|p| pages::sole_holder(&self.map, self.member, p as u32))
+        {
+            return false;
+        }
+        self.counts[range].fill(0);
+        self.runs.push((first, n as u32));
+        // Over the mark, the oldest runs go back to the free list (a run longer than the
+        // mark too).
+        while self.run_pages() > self.runs_high() {
+            let (p, k) = self.runs.remove(0);
+            for page in p..p + k {
+                pages::release_sole(&self.map, self.member, page);
+            }
+        }
+        true
+    }
+
+    /// A leased run of at least `n` pages, its first `n` pages given one use each (the rest
+    /// stays leased). The best fit, the most recently freed of equals; a run whose pages are
+    /// not all ours alone any more (another process wrote our page words) is dropped.
+    fn take_run(&mut self, n: usize) -> Option<u32> {
+        loop {
+            let (at, &(first, len)) = self
+                .runs
+                .iter()
+                .enumerate()
+                .filter(|&(_, &(_, len))| len as usize >= n)
+                .min_by_key(|&(i, &(_, len))| (len, std::cmp::Reverse(i)))?;
+            self.runs.remove(at);
+            let sole = (first..first + len).all(|p| pages::sole_holder(&self.map, self.member, p));
+            if !sole {
+                tracing::error!(
+                    "netless-pool: a leased run of pages {first}..{} is not ours alone any \
+                     more (another process wrote our page words)",
+                    first + len
+                );
+                for p in first..first + len {
+                    pages::release_sole(&self.map, self.member, p);
+                }
+                continue;
+            }
+            let n32 = n as u32;
+            if len > n32 + 1 {
+                self.runs.push((first + n32, len - n32));
+            } else if len == n32 + 1 {
+                self.lease.push(first + n32);
+            }
+            self.counts[first as usize..first as usize + n].fill(1);
+            return Some(first);
+        }
+    }
+
+    /// Gives every leased run back to the free list (the pool is short of pages).
+    fn release_runs(&mut self) {
+        for (p, k) in std::mem::take(&mut self.runs) {
+            for page in p..p + k {
+                pages::release_sole(&self.map, self.member, page);
+            }
         }
     }
 
@@ -145,6 +246,7 @@ impl PageLedger {
 
     /// Gives the whole lease back to the global free list (leaving the domain).
     pub(super) fn release_lease(&mut self) {
+        self.release_runs();
         for page in std::mem::take(&mut self.lease) {
             pages::release_sole(&self.map, self.member, page);
         }
@@ -154,6 +256,10 @@ impl PageLedger {
     pub(super) fn fresh_page(&mut self) -> Result<u32, PoolError> {
         if self.lease.len() < self.lease_low {
             // Below the low mark: refill in a batch, but a short pool only fails when empty.
+            let _ = self.refill(1);
+        }
+        if self.lease.is_empty() {
+            self.release_runs();
             let _ = self.refill(1);
         }
         let page = self.lease.pop().ok_or_else(|| {
@@ -180,9 +286,17 @@ impl PageLedger {
             return Ok(vec![self.fresh_page()?]);
         }
         if n > 1 {
+            if let Some(first) = self.take_run(n) {
+                return Ok((first..first + n as u32).collect());
+            }
             // First fit, as for leases: reuse warm pages.
             let mut cursor = 0;
-            let run = pages::claim_run(&self.map, self.member, n, &mut cursor);
+            let mut run = pages::claim_run(&self.map, self.member, n, &mut cursor);
+            if run.is_none() && !self.runs.is_empty() {
+                // Our leased runs may be what splits the free pages.
+                self.release_runs();
+                run = pages::claim_run(&self.map, self.member, n, &mut cursor);
+            }
             if let Some(first) = run {
                 let pages: Vec<u32> = (first..first + n as u32).collect();
                 for &p in &pages {
@@ -192,7 +306,10 @@ impl PageLedger {
             }
         }
         // No contiguous run: any pages will do (reads then go page by page).
-        self.refill(n)?;
+        if self.refill(n).is_err() {
+            self.release_runs();
+            self.refill(n)?;
+        }
         let at = self.lease.len() - n;
         let pages: Vec<u32> = self.lease.drain(at..).collect();
         for &p in &pages {
