@@ -88,6 +88,8 @@ const TIER_BUFFER: usize = 64 << 20;
 const WARMUP_CALLS: u64 = 64;
 /// The domain's name (unique per run because its socket directory is).
 const DOMAIN: &str = "dmrpc";
+/// The domain of the fabric rows (its pool lives in the region).
+const FABRIC_DOMAIN: &str = "dmrpc-fabric";
 
 /// `pass_by_reference`'s options.
 #[derive(clap::Args, Debug)]
@@ -337,7 +339,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx.bar.inc_length(sizes.len() as u64 * calls);
         transfer::measure(
             (&ctx.dir, DOMAIN, &ctx.domain),
+            None,
             sizes,
+            calls,
+            cpus.map(|c| c.1),
+            &ctx.bar,
+        )?
+    } else {
+        Vec::new()
+    };
+    // The same through a memory fabric: segments and the pool in a region.
+    let transfer_fabric = if runs(Experiment::Transfer) {
+        let sizes: Vec<usize> = transfer.iter().map(|r| r.payload_bytes).collect();
+        let calls = if quick { 100 } else { 2000 };
+        ctx.bar.inc_length(sizes.len() as u64 * calls);
+        let (_file, fabric, domain) = transfer::fabric_domain(FABRIC_DOMAIN)?;
+        transfer::measure(
+            (&ctx.dir, FABRIC_DOMAIN, &domain),
+            Some(&fabric),
+            &sizes,
             calls,
             cpus.map(|c| c.1),
             &ctx.bar,
@@ -350,7 +370,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let summary = Summary::of(&rows);
     render::print_tables(&rows, &ctx);
     if !transfer.is_empty() {
-        transfer::print(&transfer);
+        transfer::print(&transfer, "");
+    }
+    if !transfer_fabric.is_empty() {
+        transfer::print(&transfer_fabric, " through a memory fabric (its pool)");
     }
     render::print_summary(&summary);
     if let Some(path) = &args.common.json {
@@ -374,6 +397,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             summary: &summary,
             transfer: &transfer,
             crossover_bytes: transfer::crossover(&transfer),
+            transfer_fabric: &transfer_fabric,
         };
         json::write(path, &doc)?;
     }

@@ -92,6 +92,8 @@ pub(super) struct Doc<'a> {
     pub(super) transfer: &'a [TransferRow],
     /// The smallest measured size from which by reference was faster at every size.
     pub(super) crossover_bytes: Option<usize>,
+    /// (d) again, through a memory fabric region: segments and the domain's pool in it.
+    pub(super) transfer_fabric: &'a [TransferRow],
 }
 
 /// How the run was made.

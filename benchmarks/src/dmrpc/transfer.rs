@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use netless::fabric::{Fabric, FabricOptions};
 use netless::netless_pool::{Domain, DomainConfig};
 use netless::{
     CallOptions, Client, ClientConfig, Request, ResponseBuilder, Server, ServerConfig, Status,
@@ -73,6 +74,9 @@ pub struct ServerArgs {
     /// Pin the server to this CPU.
     #[arg(long)]
     pub pin_cpu: Option<usize>,
+    /// Serve in this memory fabric region, and join the domain's pool there.
+    #[arg(long)]
+    pub fabric: Option<PathBuf>,
 }
 
 /// The `transfer-server` peer role: joins `--domain` in `--dir`, serves `--service` until
@@ -83,15 +87,24 @@ pub(super) fn serve(args: ServerArgs) -> anyhow::Result<()> {
         domain,
         service,
         pin_cpu,
+        fabric,
     } = args;
     if let Some(cpu) = pin_cpu {
         netless_shm::pin_current_thread(cpu)?;
     }
     let mut config = DomainConfig::new(&domain);
     config.dir = Some(dir.clone());
-    let domain = Domain::join(&config)?;
+    let fabric = match fabric {
+        Some(path) => Some(Fabric::open(&path, &FabricOptions::default())?),
+        None => None,
+    };
+    let domain = match &fabric {
+        Some(fabric) => Domain::join_fabric(&config, fabric)?,
+        None => Domain::join(&config)?,
+    };
     let server_config = ServerConfig {
         dir: Some(dir),
+        fabric,
         domain: Some(domain),
         pin_cpus: pin_cpu.into_iter().collect(),
         max_message: 16 << 20,
@@ -107,6 +120,7 @@ pub(super) fn serve(args: ServerArgs) -> anyhow::Result<()> {
 /// `dir`), against a spawned server on `peer_cpu` that joins the same domain.
 pub(super) fn measure(
     (dir, name, domain): (&Path, &str, &Domain),
+    fabric: Option<&Fabric>,
     sizes: &[usize],
     calls_per_size: u64,
     peer_cpu: Option<usize>,
@@ -115,6 +129,7 @@ pub(super) fn measure(
     let service = "bench.Transfer";
     let cpu = peer_cpu.map(|c| c.to_string());
     let dir_s = dir.to_string_lossy().into_owned();
+    let fabric_s = fabric.map(|f| f.path().to_string_lossy().into_owned());
     let mut args = vec![
         "transfer-server",
         "--dir",
@@ -127,12 +142,16 @@ pub(super) fn measure(
     if let Some(cpu) = &cpu {
         args.extend(["--pin-cpu", cpu]);
     }
+    if let Some(path) = &fabric_s {
+        args.extend(["--fabric", path]);
+    }
     let (_peer, _) = Peer::spawn(&args, "LISTENING", Stop::CloseStdin)?;
     let connect = |threshold: usize| {
         Client::connect_with(
             service,
             ClientConfig {
                 dir: Some(dir.to_path_buf()),
+                fabric: fabric.cloned(),
                 domain: Some(domain.clone()),
                 ref_threshold: threshold,
                 max_message: 16 << 20,
@@ -190,9 +209,47 @@ pub(super) fn measure(
     Ok(rows)
 }
 
-/// Prints the crossover table.
-pub(super) fn print(rows: &[TransferRow]) {
-    println!("\nby value vs by reference (sequential calls; the server reads every byte)");
+/// The region and pool of the fabric rows: a hardware-coherence region on `/dev/shm` (else
+/// the temp directory), removed when the returned guard drops, and this process's
+/// membership of domain `name`'s pool in it.
+pub(super) fn fabric_domain(name: &str) -> anyhow::Result<(FabricFile, Fabric, Domain)> {
+    let shm = PathBuf::from("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    };
+    let file = FabricFile(dir.join(format!("netless-bench-transfer-{}", std::process::id())));
+    let _ = std::fs::remove_file(&file.0);
+    let fabric = Fabric::open(
+        &file.0,
+        &FabricOptions {
+            size: 512 << 20,
+            ..FabricOptions::default()
+        },
+    )?;
+    let mut config = DomainConfig::new(name);
+    config.geometry = netless::netless_pool::PoolGeometry {
+        pages: 32768,
+        ref_slots: 4096,
+    };
+    let domain = Domain::join_fabric(&config, &fabric)?;
+    Ok((file, fabric, domain))
+}
+
+/// A region file of the run, removed on drop.
+#[derive(Debug)]
+pub(super) struct FabricFile(PathBuf);
+
+impl Drop for FabricFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Prints the crossover table (`where_`: what the connections go through).
+pub(super) fn print(rows: &[TransferRow], where_: &str) {
+    println!("\nby value vs by reference{where_} (sequential calls; the server reads every byte)");
     println!(
         "{:>10} {:>12} {:>12} {:>9}",
         "payload", "value p50", "ref p50", "value/ref"
