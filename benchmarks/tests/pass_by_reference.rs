@@ -61,7 +61,10 @@ fn passes_by_reference_and_counts_the_copies() {
     // sum was checked by the benchmark itself).
     let transfer = v["transfer"].as_array().expect("transfer rows");
     assert_eq!(transfer.len(), 2, "{text}");
-    for row in transfer {
+    // ... and again through a memory fabric's pool.
+    let fabric = v["transfer_fabric"].as_array().expect("fabric transfer rows");
+    assert_eq!(fabric.len(), 2, "{text}");
+    for row in transfer.iter().chain(fabric) {
         assert!(
             f(row, "by_value_p50_us") > 0.0 && f(row, "by_ref_p50_us") > 0.0,
             "{row}"
