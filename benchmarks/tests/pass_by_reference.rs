@@ -62,7 +62,9 @@ fn passes_by_reference_and_counts_the_copies() {
     let transfer = v["transfer"].as_array().expect("transfer rows");
     assert_eq!(transfer.len(), 2, "{text}");
     // ... and again through a memory fabric's pool.
-    let fabric = v["transfer_fabric"].as_array().expect("fabric transfer rows");
+    let fabric = v["transfer_fabric"]
+        .as_array()
+        .expect("fabric transfer rows");
     assert_eq!(fabric.len(), 2, "{text}");
     for row in transfer.iter().chain(fabric) {
         assert!(
