@@ -20,11 +20,15 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{test_handler, test_wait, TestDir, ROLE, SERVICE};
-use netless::fabric::{Fabric, FabricOptions};
+use netless::fabric::{Coherence, Fabric, FabricOptions};
+use netless::netless_pool::{Domain, DomainConfig, PoolGeometry};
 use netless::{CallOptions, Client, ClientConfig, Server, ServerConfig, Status};
 
 /// Env var: the region's path as the peer sees it.
 const FABRIC: &str = "NETLESS_TEST_FABRIC";
+/// Env var: `software` for a software-coherent region (made so by the server, which opens
+/// it first).
+const COHERENCE: &str = "NETLESS_TEST_COHERENCE";
 /// The region's file name in the shared directory.
 const REGION: &str = "region";
 /// The socket directory each container has to itself (on its private `/tmp`).
@@ -45,14 +49,27 @@ fn fabric_container_peer() {
     let path = std::env::var(FABRIC).unwrap();
     // The host's copy of the shared directory must be out of sight: /tmp is private.
     let host_dir = std::env::var(common::DIR).unwrap();
+    let software = std::env::var(COHERENCE).is_ok_and(|c| c == "software");
     let fabric = Fabric::open(
         Path::new(&path),
         &FabricOptions {
             size: 64 << 20,
+            coherence: if software {
+                Coherence::Software
+            } else {
+                Coherence::Hardware
+            },
             ..FabricOptions::default()
         },
     )
     .unwrap();
+    // Both containers in one page pool, in the region: large payloads go by reference.
+    let mut pool = DomainConfig::new("containers");
+    pool.geometry = PoolGeometry {
+        pages: 4096,
+        ref_slots: 256,
+    };
+    let domain = Domain::join_fabric(&pool, &fabric).unwrap();
     say(&format!(
         "ready {} {} {} {} {}",
         std::process::id(),
@@ -62,8 +79,8 @@ fn fabric_container_peer() {
         Path::new(PRIVATE_DIR).exists(),
     ));
     match role.as_str() {
-        "server" => serve(&service, &fabric),
-        "client" => call(&service, &fabric),
+        "server" => serve(&service, &fabric, &domain),
+        "client" => call(&service, &fabric, &domain),
         other => panic!("unknown role {other}"),
     }
 }
@@ -102,11 +119,12 @@ fn command_loop(mut exec: impl FnMut(&[&str]) -> Result<String, String>) {
     }
 }
 
-fn serve(service: &str, fabric: &Fabric) {
+fn serve(service: &str, fabric: &Fabric, domain: &Domain) {
     let config = ServerConfig {
         workers: 2,
         wait: test_wait(),
         fabric: Some(fabric.clone()),
+        domain: Some(domain.clone()),
         ..ServerConfig::default()
     };
     let server = Server::bind(service, config, test_handler).unwrap();
@@ -127,10 +145,12 @@ fn serve(service: &str, fabric: &Fabric) {
     });
 }
 
-fn call(service: &str, fabric: &Fabric) {
+fn call(service: &str, fabric: &Fabric, domain: &Domain) {
     let config = || ClientConfig {
         wait: test_wait(),
         fabric: Some(fabric.clone()),
+        domain: Some(domain.clone()),
+        ref_threshold: 16 * 1024,
         ..ClientConfig::default()
     };
     let client = Client::connect_with(service, config()).unwrap();
@@ -147,6 +167,18 @@ fn call(service: &str, fabric: &Fabric) {
         };
         match w[0] {
             "echo" => echo(w[1].parse().unwrap()).map(|()| String::new()),
+            // An echo whose payload must go by reference: written into the pool once, and
+            // its Ref mapped by the server (nothing outstanding after).
+            "byref" => {
+                let len: usize = w[1].parse().unwrap();
+                let before = domain.stats().bytes_copied;
+                echo(len)?;
+                let stats = domain.stats();
+                if stats.bytes_copied - before != len as u64 || stats.outstanding_refs != 0 {
+                    return Err(format!("not by reference: {stats:?}"));
+                }
+                Ok(String::new())
+            }
             // Calls until one fails (for at most PATIENCE): its code and when, in unix ms.
             "until-fail" => {
                 let start = Instant::now();
@@ -179,6 +211,11 @@ impl Container {
     /// Starts `role` in a container that sees `shared` at `/tmp/inside`; `None` (the reason
     /// printed) if this machine cannot make one.
     fn start(shared: &TestDir, inside: &str, role: &str) -> Option<Container> {
+        Container::start_as(shared, inside, role, false)
+    }
+
+    /// As [`Container::start`], in a software-coherent region if `software`.
+    fn start_as(shared: &TestDir, inside: &str, role: &str, software: bool) -> Option<Container> {
         if rustix::process::geteuid().as_raw() != 0 {
             eprintln!("SKIPPED: making a container (namespaces, mounts) needs root");
             return None;
@@ -194,6 +231,7 @@ impl Container {
         .env(ROLE, role)
         .env(SERVICE, "test.FabricContainers")
         .env(FABRIC, format!("/tmp/{inside}/{REGION}"))
+        .env(COHERENCE, if software { "software" } else { "hardware" })
         .env(common::DIR, shared.path())
         .env("NETLESS_DIR", PRIVATE_DIR)
         .stdin(Stdio::piped())
@@ -314,26 +352,47 @@ fn assert_only_the_region(shared: &TestDir) {
 
 #[test]
 fn calls_cross_containers_that_share_only_a_fabric_file() {
+    calls_cross_containers(false);
+}
+
+#[test]
+fn software_coherent_calls_cross_containers_that_share_only_a_fabric_file() {
+    calls_cross_containers(true);
+}
+
+fn calls_cross_containers(software: bool) {
     let shared = TestDir::new("fabric-ct");
-    let Some(_server) = Container::start(&shared, "fabric", "server") else {
+    let Some(_server) = Container::start_as(&shared, "fabric", "server", software) else {
         return;
     };
-    let Some(mut client) = Container::start(&shared, "elsewhere", "client") else {
+    let Some(mut client) = Container::start_as(&shared, "elsewhere", "client", software) else {
         return;
     };
     for len in [0, 1, 100, 4096, 64 * 1024, 300_000, 1 << 20] {
         client.ok(&format!("echo {len}"));
+    }
+    for len in [16 * 1024, 300_000, 1 << 20] {
+        client.ok(&format!("byref {len}"));
     }
     assert_only_the_region(&shared);
 }
 
 #[test]
 fn a_killed_server_fails_the_clients_calls_within_the_lease() {
+    killed_server(false);
+}
+
+#[test]
+fn a_killed_software_coherent_server_fails_the_clients_calls_within_the_lease() {
+    killed_server(true);
+}
+
+fn killed_server(software: bool) {
     let shared = TestDir::new("fabric-ct-ks");
-    let Some(mut server) = Container::start(&shared, "fabric", "server") else {
+    let Some(mut server) = Container::start_as(&shared, "fabric", "server", software) else {
         return;
     };
-    let Some(mut client) = Container::start(&shared, "elsewhere", "client") else {
+    let Some(mut client) = Container::start_as(&shared, "elsewhere", "client", software) else {
         return;
     };
     client.ok("echo 1000");

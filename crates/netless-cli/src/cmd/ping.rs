@@ -156,6 +156,11 @@ fn run_window(args: &Args) -> anyhow::Result<ExitCode> {
     });
     let mut pipe = match connected {
         Ok(pipe) => pipe,
+        // A software-coherent fabric serves no Pipeline: `window` calls at once from as
+        // many threads on one connection instead.
+        Err(status) if status.code() == Code::Unimplemented && args.fabric.fabric.is_some() => {
+            return run_window_threads(args, &payload, start);
+        }
         Err(status) => {
             println!("connect: {status}");
             failures.insert(status.code(), args.count);
@@ -205,6 +210,62 @@ fn run_window(args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     summarise_window(args, ok, &failures, start)
+}
+
+/// `--window N` where no `Pipeline` is served: `count` calls from `window` threads sharing
+/// one connection, each call waiting for its own reply.
+fn run_window_threads(args: &Args, payload: &[u8], start: Instant) -> anyhow::Result<ExitCode> {
+    println!(
+        "(a software-coherent fabric: {} threads calling at once)",
+        args.window
+    );
+    let failures: std::sync::Mutex<BTreeMap<Code, u64>> = Default::default();
+    let ok = std::sync::atomic::AtomicU64::new(0);
+    let connected = args.fabric.join().and_then(|fabric| {
+        netless::Client::connect_with(
+            &args.service,
+            ClientConfig {
+                fabric,
+                ..ClientConfig::default()
+            },
+        )
+    });
+    let client = match connected {
+        Ok(client) => client,
+        Err(status) => {
+            println!("connect: {status}");
+            let failed = BTreeMap::from([(status.code(), args.count)]);
+            return summarise_window(args, 0, &failed, start);
+        }
+    };
+    let next = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..args.window {
+            scope.spawn(|| {
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < args.count {
+                    let options = netless::CallOptions::new()
+                        .timeout(Duration::from_millis(args.deadline_ms));
+                    let code = match client.call(&args.method, payload, &options) {
+                        Ok(reply) if reply.payload == payload => {
+                            ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            continue;
+                        }
+                        Ok(_) => Code::DataLoss,
+                        Err(status) => status.code(),
+                    };
+                    *failures
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .entry(code)
+                        .or_default() += 1;
+                }
+            });
+        }
+    });
+    let failures = failures
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    summarise_window(args, ok.into_inner(), &failures, start)
 }
 
 /// The statistics of a `--window` run, with its rate.

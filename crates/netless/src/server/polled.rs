@@ -14,6 +14,7 @@ use super::conn::{lock, Conn};
 use super::handler::{Request, ResponseBuilder};
 use super::state::ServerState;
 use crate::polled::{decode_request, encode_reply, Backoff, Body, Inbox, Outbox, ServerRings};
+use crate::segment::layout::{bump, latency_bucket};
 use crate::status::{Code, ReplyCode, Status};
 use crate::wire::metadata::Metadata;
 
@@ -55,7 +56,12 @@ impl PolledConn {
     /// Serves what is waiting; whether there was anything to do. The rings' lock is not
     /// held while a handler runs: a reply it defers may be sent from any thread, this one
     /// included.
-    fn serve(&self, server: &ServerState, pages: &Mutex<Option<netless_pool::PagesView>>) -> bool {
+    fn serve(
+        &self,
+        server: &ServerState,
+        pages: &Mutex<Option<netless_pool::PagesView>>,
+        stats: &crate::segment::layout::WorkerStats,
+    ) -> bool {
         let mut busy = false;
         for _ in 0..16 {
             let (call_id, request) = {
@@ -86,7 +92,20 @@ impl PolledConn {
             let defer = |id| server.defer(&self.conn, id);
             response.set_defer_hook(&defer, call_id);
             let mut copy = Vec::new();
+            let taken = Instant::now();
             let outcome = self.run(server, pages, &request, &mut copy, &mut response);
+            // Counted as a worker counts its calls (`netless stat` reads them).
+            let code = match &outcome {
+                Ok(()) => Code::Ok,
+                Err(status) => status.code(),
+            };
+            bump(&stats.calls, 1);
+            bump(&stats.bytes_in, request.len() as u64);
+            bump(&stats.by_code[code as usize % 17], 1);
+            bump(
+                &stats.latency[latency_bucket(taken.elapsed().as_nanos() as u64)],
+                1,
+            );
             if response.is_deferred() {
                 continue;
             }
@@ -95,6 +114,7 @@ impl PolledConn {
             } else {
                 &[]
             };
+            bump(&stats.bytes_out, body.len() as u64);
             let mut message = Vec::new();
             encode_reply(
                 outcome.as_ref().copied(),
@@ -244,6 +264,11 @@ impl PolledConns {
     /// Poller `i` of `n`: serves its share of the connections until the server stops.
     pub(super) fn run(&self, server: &ServerState, i: usize, n: usize) {
         let mut backoff = Backoff::new(server.config.wait.spin, Duration::from_millis(1));
+        // Poller `i` counts in worker `i`'s stats (there are as many of each).
+        let all = server.control.stats();
+        let Some(stats) = all.get(i).or(all.first()) else {
+            return;
+        };
         let mut mine: Vec<Arc<PolledConn>> = Vec::new();
         let mut refreshed: Option<Instant> = None;
         while !server.is_stopping() {
@@ -266,7 +291,7 @@ impl PolledConns {
             let mut busy = false;
             for conn in &mine {
                 if !conn.conn.is_dead() {
-                    busy |= conn.serve(server, &self.pages);
+                    busy |= conn.serve(server, &self.pages, stats);
                 }
             }
             if busy {
