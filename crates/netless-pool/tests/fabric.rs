@@ -144,13 +144,20 @@ fn pages_not_written_back_never_pass_for_the_data() {
         Domain::join_fabric(&config(), &fa).unwrap(),
         Domain::join_fabric(&config(), &fb).unwrap(),
     );
-    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8 + 1).collect();
     let mut out = Vec::new();
-    for (skip_flush, skip_invalidate, arrives) in [
+    for (round, (skip_flush, skip_invalidate, arrives)) in [
         (false, false, true),
         (true, false, false),
         (false, true, false),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Other bytes each round: a freed buffer's pages may come back to the next
+        // allocation, with the last round's bytes in them.
+        let data: Vec<u8> = (0..20_000u32)
+            .map(|i| (i % 251) as u8 + 1 + round as u8)
+            .collect();
         let mut writer = a
             .pages_view(
                 Coherence::Software,
