@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use netless_shm::coherence::{Coherence, Direct, Emulated, Faults, View};
+use netless_shm::coherence::{Coherence, Faults, View};
 
 use crate::layout::{PoolMap, PAGE_SIZE};
 use crate::{Domain, PoolError, SharedBuf};
@@ -50,19 +50,10 @@ impl Domain {
         let map = self.membership.map.clone();
         let base = map.segment().as_ptr();
         let len = map.segment().len();
-        let bad = |e: netless_shm::ViewError| PoolError::Corrupt(format!("pool view: {e}"));
         // SAFETY: the mapping is `len` bytes and lives in `map`, which the view is stored
         // beside and drops after; other processes touch it atomically or through views.
-        let view = unsafe {
-            match emulation {
-                Some(faults) => {
-                    let mut view = Emulated::from_raw(base, len).map_err(bad)?;
-                    view.set_faults(faults);
-                    View::Emulated(view)
-                }
-                None => View::Direct(Direct::from_raw(base, len, coherence).map_err(bad)?),
-            }
-        };
+        let view = unsafe { View::from_raw(base, len, coherence, emulation) }
+            .map_err(|e| PoolError::Corrupt(format!("pool view: {e}")))?;
         let pages_at = map.page_ptr(0) as usize - base as usize;
         let npages = map.npages() as usize;
         Ok(PagesView {

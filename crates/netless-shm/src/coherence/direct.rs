@@ -94,8 +94,8 @@ unsafe fn line_op(_instruction: FlushInstruction, _line: *const u8) {}
 /// Orders the write-backs issued before it before every later store (`sfence`).
 #[inline]
 fn store_fence() {
-    // SAFETY: `sfence` is baseline x86-64 (SSE); it only orders stores.
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` is baseline x86-64 (SSE); it only orders stores.
     unsafe {
         core::arch::x86_64::_mm_sfence()
     };
@@ -106,8 +106,8 @@ fn store_fence() {
 /// Completes the evictions issued before it before every later load (`mfence`).
 #[inline]
 fn full_fence() {
-    // SAFETY: `mfence` is baseline x86-64 (SSE2); it only orders loads and stores.
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: `mfence` is baseline x86-64 (SSE2); it only orders loads and stores.
     unsafe {
         core::arch::x86_64::_mm_mfence()
     };

@@ -194,6 +194,37 @@ impl<'a> From<Emulated<'a>> for View<'a> {
     }
 }
 
+impl<'a> View<'a> {
+    /// A host's view of `len` bytes at `base`: the non-coherent emulator leaving out what
+    /// `emulation`'s faults name, or (`None`) the real mapping with `coherence`.
+    ///
+    /// # Safety
+    /// As [`Direct::from_raw`] and [`Emulated::from_raw`]: `[base, base + len)` is mapped
+    /// readable and writable for `'a`, and every other access to it is atomic or through
+    /// views.
+    ///
+    /// # Errors
+    /// [`ViewError::BadRegion`] unless `base` is 64-byte aligned and `len` a non-zero
+    /// multiple of 64.
+    pub unsafe fn from_raw(
+        base: *mut u8,
+        len: usize,
+        coherence: Coherence,
+        emulation: Option<Faults>,
+    ) -> Result<View<'a>, ViewError> {
+        Ok(match emulation {
+            Some(faults) => {
+                // SAFETY: the caller's contract, which is `Emulated::from_raw`'s.
+                let mut view = unsafe { Emulated::from_raw(base, len) }?;
+                view.set_faults(faults);
+                View::Emulated(view)
+            }
+            // SAFETY: the caller's contract, which is `Direct::from_raw`'s.
+            None => View::Direct(unsafe { Direct::from_raw(base, len, coherence) }?),
+        })
+    }
+}
+
 impl View<'_> {
     /// Length of the region in bytes (a multiple of [`LINE`], never 0).
     #[inline]

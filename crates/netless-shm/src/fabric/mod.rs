@@ -237,31 +237,13 @@ impl Fabric {
         let view = match coherence {
             Coherence::Hardware => None,
             Coherence::Software => {
-                let bad = |e: crate::ViewError| fail(format!("cannot view it: {e}"));
+                // The region's own tables take the control plane's faults, not the data's.
+                let faults = options.emulation.map(|_| options.control_faults);
+                let (base, len) = (map.as_mut_ptr(), size as usize);
                 // SAFETY: the view covers the mapping, which `Inner` keeps for longer (it is
                 // declared after the view); other members touch it atomically or by views.
-                let view = unsafe {
-                    match options.emulation {
-                        Some(_) => {
-                            let faults = options.control_faults;
-                            let mut v = crate::coherence::Emulated::from_raw(
-                                map.as_mut_ptr(),
-                                size as usize,
-                            )
-                            .map_err(bad)?;
-                            v.set_faults(faults);
-                            View::Emulated(v)
-                        }
-                        None => View::Direct(
-                            crate::coherence::Direct::from_raw(
-                                map.as_mut_ptr(),
-                                size as usize,
-                                Coherence::Software,
-                            )
-                            .map_err(bad)?,
-                        ),
-                    }
-                };
+                let view = unsafe { View::from_raw(base, len, Coherence::Software, faults) }
+                    .map_err(|e| fail(format!("cannot view it: {e}")))?;
                 Some(Box::new(Mutex::new(view)))
             }
         };

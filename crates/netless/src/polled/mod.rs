@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 
 use netless_ring::polled::{Consumer, PolledRing, PopError, Producer, PushError};
-use netless_shm::coherence::{Direct, Emulated, View, LINE};
+use netless_shm::coherence::{View, LINE};
 use netless_shm::fabric::Fabric;
 use netless_shm::Segment;
 
@@ -112,22 +112,11 @@ impl Rings {
 /// `segment` must outlive the view (the caller keeps both in one struct, the view declared
 /// first so it drops first).
 pub(crate) unsafe fn view_of(fabric: &Fabric, segment: &Segment) -> Result<View<'static>, Status> {
-    let bad = |e: netless_shm::ViewError| Status::internal(format!("polled extent: {e}"));
-    Ok(match fabric.emulation() {
-        Some(faults) => {
-            // SAFETY: the mapping is valid while `segment` lives (caller's contract); other
-            // hosts touch it only atomically (their emulated views) or through views.
-            let mut view =
-                unsafe { Emulated::from_raw(segment.as_ptr(), segment.len()) }.map_err(bad)?;
-            view.set_faults(faults);
-            View::Emulated(view)
-        }
-        // SAFETY: as above.
-        None => View::Direct(
-            unsafe { Direct::from_raw(segment.as_ptr(), segment.len(), fabric.coherence()) }
-                .map_err(bad)?,
-        ),
-    })
+    let (base, len) = (segment.as_ptr(), segment.len());
+    // SAFETY: the mapping is valid while `segment` lives (caller's contract); other hosts
+    // touch it only atomically (their emulated views) or through views.
+    unsafe { View::from_raw(base, len, fabric.coherence(), fabric.emulation()) }
+        .map_err(|e| Status::internal(format!("polled extent: {e}")))
 }
 
 /// A server's ends of a client's rings: it consumes requests and produces replies.

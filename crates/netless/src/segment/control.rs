@@ -101,9 +101,9 @@ impl ControlSegment {
         // SAFETY: the mapping is page aligned and at least 128 bytes, and nobody else maps it
         // yet.
         unsafe { std::ptr::write(published.as_ptr() as *mut ControlHeader, header) };
+        let base = published.as_ptr();
         // SAFETY: the regions the header describes lie inside the mapping (computed above).
-        let mut control =
-            unsafe { Self::assemble(published.as_ptr(), header, Backing::Server(published)) };
+        let mut control = unsafe { Self::assemble(base, header, Backing::Server(published)) };
         control.extent = extent;
         Ok(control)
     }
