@@ -107,20 +107,7 @@ impl Segment {
     /// # Errors
     /// [`Error::EmptySegment`] if `len` is 0; [`Error::Io`] if it cannot be mapped.
     pub fn in_file(file: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Segment, Error> {
-        if len == 0 {
-            return Err(Error::EmptySegment);
-        }
-        let fd = file
-            .try_clone_to_owned()
-            .map_err(|source| Error::Io { op: "dup", source })?;
-        let map = MmapOptions::new()
-            .offset(offset)
-            .len(len)
-            .map_raw(&fd)
-            .map_err(|source| Error::Io {
-                op: "mmap(MAP_SHARED, PROT_READ|PROT_WRITE) of a fabric segment",
-                source,
-            })?;
+        let (fd, map) = map_in_file(file, offset, len, true)?;
         Ok(Segment { fd, map })
     }
 
@@ -158,6 +145,37 @@ impl Segment {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// Maps `len` bytes of `file` at `offset` shared (read-write or read-only), with a
+/// descriptor of its own: a segment inside a fabric region.
+fn map_in_file(
+    file: BorrowedFd<'_>,
+    offset: u64,
+    len: usize,
+    writable: bool,
+) -> Result<(OwnedFd, MmapRaw), Error> {
+    if len == 0 {
+        return Err(Error::EmptySegment);
+    }
+    let fd = file
+        .try_clone_to_owned()
+        .map_err(|source| Error::Io { op: "dup", source })?;
+    let mut options = MmapOptions::new();
+    options.offset(offset).len(len);
+    let (map, op) = if writable {
+        (
+            options.map_raw(&fd),
+            "mmap(MAP_SHARED, PROT_READ|PROT_WRITE) of a fabric segment",
+        )
+    } else {
+        (
+            options.map_raw_read_only(&fd),
+            "mmap(MAP_SHARED, PROT_READ) of a fabric segment",
+        )
+    };
+    let map = map.map_err(|source| Error::Io { op, source })?;
+    Ok((fd, map))
 }
 
 /// Checks an fd received from a peer: a regular, non-empty memfd on shmem (not hugetlbfs) of
@@ -333,20 +351,7 @@ impl PublishedView {
     /// # Errors
     /// As [`Segment::in_file`].
     pub fn in_file(file: BorrowedFd<'_>, offset: u64, len: usize) -> Result<PublishedView, Error> {
-        if len == 0 {
-            return Err(Error::EmptySegment);
-        }
-        let fd = file
-            .try_clone_to_owned()
-            .map_err(|source| Error::Io { op: "dup", source })?;
-        let map = MmapOptions::new()
-            .offset(offset)
-            .len(len)
-            .map_raw_read_only(&fd)
-            .map_err(|source| Error::Io {
-                op: "mmap(MAP_SHARED, PROT_READ) of a fabric segment",
-                source,
-            })?;
+        let (fd, map) = map_in_file(file, offset, len, false)?;
         Ok(PublishedView { fd, map })
     }
 
