@@ -21,8 +21,10 @@ use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde_json::Value;
 
 mod namespace;
+mod netns;
 
 pub use namespace::{in_container, in_new_pid_namespace, pid_namespace};
+pub use netns::{Host, TwoHosts};
 
 /// How long a short command (ping, stat, ctl, a usage error) may take before it counts as hung.
 pub const SHORT: Duration = Duration::from_secs(30);
@@ -87,6 +89,27 @@ fn read_on_thread(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
     rx
 }
 
+/// [`read_on_thread`] that also sends each line, as it comes, on the second channel.
+fn read_lines_on_thread(
+    r: impl Read + Send + 'static,
+) -> (mpsc::Receiver<String>, mpsc::Receiver<String>) {
+    let (all_tx, all_rx) = mpsc::channel();
+    let (line_tx, line_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(r);
+        let mut all = String::new();
+        let mut line = Vec::new();
+        while std::io::BufRead::read_until(&mut reader, b'\n', &mut line).unwrap_or(0) > 0 {
+            let text = String::from_utf8_lossy(&line).into_owned();
+            let _ = line_tx.send(text.trim_end().to_string());
+            all.push_str(&text);
+            line.clear();
+        }
+        let _ = all_tx.send(all);
+    });
+    (all_rx, line_rx)
+}
+
 /// What a finished process printed and how it ended.
 #[derive(Debug)]
 pub struct Output {
@@ -124,6 +147,8 @@ pub struct Proc {
     pub what: String,
     child: Child,
     stdout: Option<mpsc::Receiver<String>>,
+    /// Each line of stdout as it comes.
+    lines: Option<mpsc::Receiver<String>>,
     stderr: Option<mpsc::Receiver<String>>,
     reaped: bool,
 }
@@ -141,16 +166,23 @@ impl Proc {
         let name = Path::new(bin)
             .file_name()
             .map_or(bin.into(), |n| n.to_string_lossy());
-        let what = format!("{name} {}", args.join(" "));
+        Proc::spawn_command(cmd, &format!("{name} {}", args.join(" ")))
+    }
+
+    /// Starts `cmd`, which must be in a process group of its own (`process_group(0)`: the
+    /// group is what [`Proc::kill`] kills) and pipe its output; `what` names it in messages.
+    pub fn spawn_command(mut cmd: Command, what: &str) -> Proc {
+        let what = what.to_string();
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawning `{what}`: {e}"));
-        let stdout = child.stdout.take().map(read_on_thread);
+        let (stdout, lines) = child.stdout.take().map(read_lines_on_thread).unzip();
         let stderr = child.stderr.take().map(read_on_thread);
         Proc {
             what,
             child,
             stdout,
+            lines,
             stderr,
             reaped: false,
         }
@@ -158,6 +190,37 @@ impl Proc {
 
     fn pid(&self) -> Pid {
         Pid::from_child(&self.child)
+    }
+
+    /// The process id (of the group's leader).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits up to `timeout` for a line of stdout that starts with `prefix` (skipping the
+    /// lines before it) and returns the rest of that line, trimmed.
+    ///
+    /// # Panics
+    /// If no such line comes in time, or stdout ends first (the process exited).
+    pub fn wait_for_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let lines = self.lines.as_ref().expect("stdout is piped");
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.trim().to_string();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("`{}` printed no `{prefix}` line within {timeout:?}", self.what)
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("`{}` closed its stdout before a `{prefix}` line", self.what)
+                }
+            }
+        }
     }
 
     /// Polls for the exit status until `timeout`; `None` if still running. Once the process
