@@ -69,8 +69,20 @@ impl Peer {
         let words: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
         let name = exe.file_name().unwrap_or(exe.as_os_str()).to_string_lossy();
         let what = format!("{name} {}", words.join(" "));
-        let mut child = Command::new(exe)
-            .args(args)
+        let mut command = Command::new(exe);
+        command.args(args);
+        Peer::spawn_command(command, what, ready, stop)
+    }
+
+    /// [`Peer::spawn_exe`] of a command the caller has prepared (its program, arguments and
+    /// environment; stdin and stdout are set here), named `what` in errors.
+    pub fn spawn_command(
+        mut command: Command,
+        what: String,
+        ready: &str,
+        stop: Stop,
+    ) -> anyhow::Result<(Peer, String)> {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -30,18 +30,25 @@ pub struct Host {
 impl Host {
     /// `bin` as a command that runs on this host: in its network namespace, with its socket
     /// directory, in a process group of its own, stdin closed and output piped.
-    ///
-    /// # Panics
-    /// If the namespace's file cannot be opened (the hosts were torn down).
     pub fn command(&self, bin: impl AsRef<std::ffi::OsStr>) -> Command {
-        let ns = File::open(format!("/run/netns/{}", self.name))
-            .unwrap_or_else(|e| panic!("opening network namespace {}: {e}", self.name));
         let mut cmd = Command::new(bin);
-        cmd.env("NETLESS_DIR", &self.dir.path)
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        self.enter(&mut cmd);
+        cmd
+    }
+
+    /// Makes `cmd` run on this host: in its network namespace (joined before `exec`), with
+    /// `NETLESS_DIR` its socket directory. Nothing else of `cmd` changes.
+    ///
+    /// # Panics
+    /// If the namespace's file cannot be opened (the hosts were torn down).
+    pub fn enter<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
+        let ns = File::open(format!("/run/netns/{}", self.name))
+            .unwrap_or_else(|e| panic!("opening network namespace {}: {e}", self.name));
+        cmd.env("NETLESS_DIR", &self.dir.path);
         // SAFETY: the closure runs in the forked child before `exec` and makes one system
         // call (setns) on a descriptor opened before the fork, which it owns and keeps open.
         unsafe {
@@ -50,9 +57,8 @@ impl Host {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
-            });
+            })
         }
-        cmd
     }
 
     /// Starts `bin <args>` on this host.
