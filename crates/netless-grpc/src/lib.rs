@@ -31,7 +31,7 @@ mod server;
 mod session;
 mod stream;
 
-pub use channel::Channel;
+pub use channel::{Channel, ChannelOptions, Location, Resolver, TARGETS_ENV, TLS_CA_ENV};
 pub use gateway::{
     read_token_file, tls_acceptor, tls_acceptor_verifying_clients, Gateway, GatewayBuilder,
     GatewayLimits,
