@@ -9,6 +9,14 @@ use super::resolver::Resolver;
 
 /// The environment variable naming a PEM file of the CA certificates that verify `https`
 /// servers when [`ChannelOptions::tls_ca_pem`] gives none.
+///
+/// ```no_run
+/// std::process::Command::new("routeguide_client")
+///     .args(["--target", "https://routeguide.internal:443"])
+///     .env(netless_grpc::TLS_CA_ENV, "/etc/netless/ca.pem")
+///     .status()?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub const TLS_CA_ENV: &str = "NETLESS_TLS_CA";
 
 /// Options for [`Channel::target_with`](super::Channel::target_with).

@@ -12,6 +12,14 @@ use netless::{Code, Status};
 use super::target::{is_service_name, Location, Target};
 
 /// The environment variable naming the target table [`Resolver::from_env`] reads.
+///
+/// ```no_run
+/// std::process::Command::new("routeguide_client")
+///     .args(["--target", "routeguide.RouteGuide"])
+///     .env(netless_grpc::TARGETS_ENV, "/etc/netless/targets")
+///     .status()?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub const TARGETS_ENV: &str = "NETLESS_TARGETS";
 
 /// Service names to [`Location`]s.
@@ -28,7 +36,7 @@ pub const TARGETS_ENV: &str = "NETLESS_TARGETS";
 /// ```
 /// use netless_grpc::{Location, Resolver};
 /// let resolver: Resolver = "
-///     # where the route guide runs
+///     ## where the route guide runs
 ///     routeguide.RouteGuide  http://10.77.0.2:50051
 ///     billing.*              https://billing.internal:443
 ///     billing.Audit          netless:billing.Audit
