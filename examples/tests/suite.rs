@@ -135,14 +135,7 @@ fn a_killed_client_process_cancels_its_stream_on_the_server() {
         env!("CARGO_BIN_EXE_routeguide_server"),
         &["--features", "100000"],
     );
-    let mut reader = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "stalled_reader_process_entry",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let mut reader = common::this_test_running("stalled_reader_process_entry")
         .env("NETLESS_STALLED_READER_DIR", &server.dir)
         .stdout(Stdio::piped())
         .spawn()

@@ -94,15 +94,8 @@ fn target_client_process_entry() {
 
 /// Runs [`target_client_process_entry`] in a process of its own with `env`.
 fn target_client(expected: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
-    let mut command = Command::new(std::env::current_exe().unwrap());
+    let mut command = common::this_test_running("target_client_process_entry");
     command
-        .args([
-            "--exact",
-            "target_client_process_entry",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
         .env_remove("NETLESS_TARGETS")
         .env("NETLESS_EXPECT_LOCATION", expected);
     for (name, value) in env {
@@ -253,14 +246,7 @@ struct TlsServer {
 
 impl TlsServer {
     fn start(dir: &Path) -> TlsServer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "tls_server_process_entry",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+        let mut child = common::this_test_running("tls_server_process_entry")
             .env("NETLESS_TLS_SERVER_DIR", dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

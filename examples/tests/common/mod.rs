@@ -172,3 +172,17 @@ pub(crate) fn run_to_end(command: &mut Command, limit: Duration) -> Finished {
     );
     finished
 }
+
+/// This test binary again, running only the ignored test `entry`: how a test starts a peer
+/// process whose code lives beside it.
+pub(crate) fn this_test_running(entry: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args([
+        "--exact",
+        entry,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    command
+}
