@@ -281,6 +281,32 @@ fn one_channel_type_reaches_a_server_on_both_transports_either_way() {
 }
 
 #[test]
+fn a_list_target_balances_across_its_servers() {
+    let dir = TestDir::new("anylist");
+    let server = ServerProcess::start(&dir.path);
+    let port = server.tcp.rsplit_once(':').unwrap().1;
+    // Two endpoints (by address and by name) of the one server.
+    let target = format!("http://{}, localhost:{port}", server.tcp);
+    runtime().block_on(async {
+        let channel = Channel::target(&target).unwrap();
+        assert_eq!(
+            channel.location(),
+            &Location::Remote {
+                uris: vec![
+                    format!("http://{}", server.tcp),
+                    format!("http://localhost:{port}")
+                ]
+            }
+        );
+        for i in 0..20 {
+            let answer = call(&channel, format!("m{i}").as_bytes(), &[]).await;
+            assert_eq!(answer.status(), 0, "{}", answer.message());
+            assert_eq!(answer.message, format!("m{i}").as_bytes());
+        }
+    });
+}
+
+#[test]
 fn a_remote_target_that_refuses_connections_is_unavailable_at_once() {
     // A port nobody listens on: bound, then closed.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
