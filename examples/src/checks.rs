@@ -174,6 +174,8 @@ where
     let base = match transport {
         "tcp" => 7_000,
         "netless" => 8_000,
+        "target-local" => 10_000,
+        "target-remote" => 11_000,
         _ => 9_000,
     };
     let at = |i: i32, message: &str| RouteNote {

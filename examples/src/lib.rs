@@ -7,6 +7,10 @@
 //!
 //! The binaries (`greeter_server`, `greeter_client`, `routeguide_server`,
 //! `routeguide_client`) take `--transport tcp|netless|both`; the service code never changes.
+//! The servers serve both transports from one `GrpcServer`; the clients also take
+//! `--target TARGET` (`pkg.Service`, `http://host:port`, ...), so a `NETLESS_TARGETS` table
+//! alone decides whether they call a local service over netless or a remote one over HTTP/2,
+//! as `any_location` shows.
 //!
 //! And the raw netless API, each a binary that starts its servers as processes of their
 //! own ([`peer`]) and calls them:

@@ -1,4 +1,5 @@
-//! Serving one tonic service on TCP, on netless, or both, chosen by a flag.
+//! Serving one tonic service on TCP, on netless, or both, chosen by a flag, from one
+//! `GrpcServer`; and the flags of the clients that call it.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -39,16 +40,22 @@ pub struct ServeArgs {
 /// The flags every example client takes.
 #[derive(Args, Clone, Debug)]
 pub struct ClientArgs {
-    /// `tcp` or `netless`.
+    /// `tcp` or `netless` (without `--target`).
     #[arg(long, value_enum, default_value = "netless")]
     pub transport: Transport,
     /// The server's TCP address (with `--transport tcp`).
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub addr: String,
+    /// Where to call, by target (`pkg.Service`, `netless:pkg.Service`, `http://host:port`,
+    /// ...): a bare service name goes where the `NETLESS_TARGETS` table maps it, else to the
+    /// local netless service. Overrides `--transport`.
+    #[arg(long)]
+    pub target: Option<String>,
 }
 
-/// Serves `service` as `args` say until SIGINT or SIGTERM. Prints `LISTENING tcp=ADDR` and
-/// `LISTENING netless=SERVICE` once it is reachable.
+/// Serves `service` as `args` say until SIGINT or SIGTERM, netless and TCP from one
+/// [`netless_grpc::GrpcServer`]. Prints `LISTENING netless=SERVICE` and `LISTENING tcp=ADDR`
+/// once it is reachable.
 pub fn serve<S>(args: &ServeArgs, service: S) -> anyhow::Result<()>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
@@ -59,43 +66,33 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let _netless = match args.transport {
-        Transport::Netless | Transport::Both => {
-            let mut config = netless::ServerConfig::default();
-            if let Some(name) = &args.domain {
-                let domain = netless::netless_pool::Domain::join(
-                    &netless::netless_pool::DomainConfig::new(name),
-                )?;
-                config.domain = Some(domain);
-            }
-            let serving = netless_grpc::GrpcServer::new()
-                .config(config)
-                .add_service(service.clone())
-                .serve()?;
-            announce(&format!("netless={}", S::NAME));
-            Some(serving)
+    let mut server = netless_grpc::GrpcServer::new().add_service(service);
+    if args.transport != Transport::Tcp {
+        let mut config = netless::ServerConfig::default();
+        if let Some(name) = &args.domain {
+            let domain = netless::netless_pool::Domain::join(
+                &netless::netless_pool::DomainConfig::new(name),
+            )?;
+            config.domain = Some(domain);
         }
-        Transport::Tcp => None,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+        server = server.config(config);
+    }
+    if args.transport != Transport::Netless {
+        server = server.tcp(args.listen);
+    }
+    let serving = server.netless(args.transport != Transport::Tcp).serve()?;
+    if args.transport != Transport::Tcp {
+        announce(&format!("netless={}", S::NAME));
+    }
+    if let Some(addr) = serving.tcp_addr() {
+        announce(&format!("tcp={addr}"));
+    }
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        if args.transport == Transport::Netless {
-            shutdown_signal().await;
-            return Ok(());
-        }
-        let listener = tokio::net::TcpListener::bind(args.listen).await?;
-        announce(&format!("tcp={}", listener.local_addr()?));
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener),
-                shutdown_signal(),
-            )
-            .await?;
-        Ok(())
-    })
+        .build()?
+        .block_on(shutdown_signal());
+    serving.stop();
+    Ok(())
 }
 
 fn announce(what: &str) {

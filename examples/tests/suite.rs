@@ -2,12 +2,13 @@
 //! process with `--transport both`, and called by the same tonic-generated client code over
 //! a TCP channel and over a netless `Channel`: both transports must pass the same checks.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use netless::netless_pool::{Domain, DomainConfig};
+use common::{runtime, ServerProcess};
 use netless_examples::checks;
 use netless_examples::helloworld::greeter_client::GreeterClient;
 use netless_examples::routeguide::grid_point;
@@ -15,117 +16,6 @@ use netless_examples::routeguide_pb::route_guide_client::RouteGuideClient;
 use netless_examples::routeguide_pb::Rectangle;
 use netless_grpc::Channel;
 use tokio_stream::StreamExt;
-
-/// An example server process serving on both transports.
-struct ServerProcess {
-    child: Child,
-    tcp: String,
-    dir: std::path::PathBuf,
-    events: mpsc::Receiver<String>,
-}
-
-impl ServerProcess {
-    fn start(binary: &str, args: &[&str]) -> ServerProcess {
-        // Unique per server (tests run in parallel) and short (socket paths must fit in
-        // 107 bytes).
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "nl-ex-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut child = Command::new(binary)
-            .args(["--transport", "both", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("NETLESS_DIR", &dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let (mut tcp, mut netless) = (None, false);
-        while tcp.is_none() || !netless {
-            let mut line = String::new();
-            assert!(
-                out.read_line(&mut line).unwrap() > 0,
-                "{binary} exited before listening"
-            );
-            match line.trim().strip_prefix("LISTENING ") {
-                Some(rest) if rest.starts_with("tcp=") => tcp = Some(rest[4..].to_string()),
-                Some(rest) if rest.starts_with("netless=") => netless = true,
-                _ => {}
-            }
-        }
-        ServerProcess {
-            child,
-            tcp: tcp.unwrap(),
-            dir,
-            events: forward_events(out),
-        }
-    }
-
-    fn tcp_channel(&self) -> impl std::future::Future<Output = tonic::transport::Channel> {
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.tcp)).unwrap();
-        async move { endpoint.connect().await.unwrap() }
-    }
-
-    fn netless_channel(&self, service: &str) -> Channel {
-        let config = netless::ClientConfig {
-            dir: Some(self.dir.clone()),
-            ..Default::default()
-        };
-        Channel::connect_with(service, config).unwrap()
-    }
-
-    /// A channel in the server's page-pool domain `ex` that sends every message of 1 KiB or
-    /// more by reference.
-    fn by_ref_channel(&self, service: &str) -> (Channel, Domain) {
-        let mut domain_config = DomainConfig::new("ex");
-        domain_config.dir = Some(self.dir.clone());
-        let domain = Domain::join(&domain_config).unwrap();
-        let config = netless::ClientConfig {
-            dir: Some(self.dir.clone()),
-            domain: Some(domain.clone()),
-            ref_threshold: 1024,
-            ..Default::default()
-        };
-        (Channel::connect_with(service, config).unwrap(), domain)
-    }
-
-    /// The next `EVENT` line the server printed (within `limit`).
-    fn event(&self, limit: Duration) -> Option<String> {
-        self.events.recv_timeout(limit).ok()
-    }
-}
-
-fn forward_events(out: BufReader<ChildStdout>) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            if let Some(event) = line.strip_prefix("EVENT ") {
-                let _ = tx.send(event.to_string());
-            }
-        }
-    });
-    rx
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn greeter_passes_the_same_suite_on_tcp_and_on_netless() {
@@ -245,14 +135,7 @@ fn a_killed_client_process_cancels_its_stream_on_the_server() {
         env!("CARGO_BIN_EXE_routeguide_server"),
         &["--features", "100000"],
     );
-    let mut reader = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "stalled_reader_process_entry",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let mut reader = common::this_test_running("stalled_reader_process_entry")
         .env("NETLESS_STALLED_READER_DIR", &server.dir)
         .stdout(Stdio::piped())
         .spawn()
@@ -354,27 +237,7 @@ fn streams_beyond_the_server_limit_are_refused_with_resource_exhausted() {
 
 /// Runs an example of the raw netless API to its end; its output.
 fn run_example(binary: &str, args: &[&str]) -> String {
-    let mut child = Command::new(binary)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{binary} did not finish within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = child.wait_with_output().unwrap();
-    let (out, err) = (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    );
-    assert!(output.status.success(), "{binary} failed:\n{out}{err}");
-    out
+    common::run_to_end(Command::new(binary).args(args), Duration::from_secs(120)).out
 }
 
 #[test]

@@ -4,7 +4,11 @@
 //!
 //! A tonic-generated client accepts a netless [`Channel`] unchanged, and a
 //! [`GrpcServer`] serves tonic-generated services unchanged, each `pkg.Service` as the
-//! netless service of that name.
+//! netless service of that name (and, with [`GrpcServer::tcp`], over HTTP/2 on TCP too).
+//!
+//! [`Channel::target`] reaches a service wherever it is: the local netless service by its
+//! name, or a remote gRPC server over HTTP/2 (`http://host:port`, `https://host:port`),
+//! chosen by the target alone or by a [`Resolver`] table (`NETLESS_TARGETS`).
 //!
 //! Unary, server-, client- and bidirectional-streaming calls work, with metadata, trailers,
 //! status details, `grpc-timeout` deadlines, cancellation and flow control; how the calls
@@ -31,7 +35,7 @@ mod server;
 mod session;
 mod stream;
 
-pub use channel::Channel;
+pub use channel::{Channel, ChannelOptions, Location, Resolver, TARGETS_ENV, TLS_CA_ENV};
 pub use gateway::{
     read_token_file, tls_acceptor, tls_acceptor_verifying_clients, Gateway, GatewayBuilder,
     GatewayLimits,

@@ -1,13 +1,18 @@
 //! The server side: serves tonic-generated services (`GreeterServer::new(svc)`) over netless,
-//! each `pkg.Service` as the netless service of that name.
+//! each `pkg.Service` as the netless service of that name, and optionally the same services
+//! over HTTP/2 on a TCP listener (`server/tcp.rs`).
 //!
 //! The service runs on the netless worker that took the call (`Handle::block_on`), so a unary
 //! call crosses no thread; whatever it spawns runs on the server's tokio runtime. A call
 //! whose request or response goes on longer becomes a stream (see [`crate::protocol`]),
 //! driven by a task on that runtime.
 
+mod tcp;
+
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, TE};
@@ -24,13 +29,17 @@ use crate::protocol::{
     split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
 };
 use crate::session::{response_head, Sessions, MAX_DELIVERY, MAX_SESSIONS};
+use tcp::{Listen, TcpServing};
 
-/// Builds and serves a set of tonic services over netless.
+/// Builds and serves a set of tonic services over netless and, with [`GrpcServer::tcp`],
+/// over HTTP/2 on TCP as well: one service implementation, both transports.
 ///
 /// ```no_run
 /// let serving = netless_grpc::GrpcServer::new()
 ///     // .add_service(GreeterServer::new(MyGreeter::default()))
+///     .tcp("127.0.0.1:50051".parse().unwrap())
 ///     .serve()?;
+/// println!("HTTP/2 on {:?}", serving.tcp_addr());
 /// serving.wait();
 /// # Ok::<(), netless::Status>(())
 /// ```
@@ -40,15 +49,32 @@ pub struct GrpcServer {
     max_streams: Option<usize>,
     config: ServerConfig,
     runtime_threads: Option<usize>,
+    /// The same services, routed by path for tonic's HTTP/2 server.
+    routes: tonic::service::RoutesBuilder,
+    tcp: Option<Listen>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    tcp_only: bool,
 }
 
 impl GrpcServer {
     /// No services yet, default netless configuration.
+    ///
+    /// ```
+    /// let server = netless_grpc::GrpcServer::new();
+    /// ```
     pub fn new() -> GrpcServer {
         GrpcServer::default()
     }
 
     /// The netless configuration each service's server uses.
+    ///
+    /// ```
+    /// let config = netless::ServerConfig {
+    ///     workers: 2,
+    ///     ..Default::default()
+    /// };
+    /// let server = netless_grpc::GrpcServer::new().config(config);
+    /// ```
     pub fn config(mut self, config: ServerConfig) -> GrpcServer {
         self.config = config;
         self
@@ -56,18 +82,105 @@ impl GrpcServer {
 
     /// Most streams open at once across this server's services (default 16 384); a call that
     /// would open one more fails with `RESOURCE_EXHAUSTED`.
+    ///
+    /// ```
+    /// let server = netless_grpc::GrpcServer::new().max_streams(1024);
+    /// ```
     pub fn max_streams(mut self, max: usize) -> GrpcServer {
         self.max_streams = Some(max);
         self
     }
 
-    /// Threads of the tokio runtime that runs streams and what services spawn (default 2).
+    /// Threads of the tokio runtime that runs streams, the TCP side and what services spawn
+    /// (default 2).
+    ///
+    /// ```
+    /// let server = netless_grpc::GrpcServer::new().runtime_threads(4);
+    /// ```
     pub fn runtime_threads(mut self, threads: usize) -> GrpcServer {
         self.runtime_threads = Some(threads.max(1));
         self
     }
 
-    /// Adds a tonic-generated service; it is served as netless service `S::NAME`.
+    /// Also serves every service over HTTP/2 on TCP `addr` (port 0 picks a free one; see
+    /// [`GrpcServing::tcp_addr`]), with tonic's own server, on this server's runtime.
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new()
+    ///     // .add_service(..)
+    ///     .tcp("127.0.0.1:0".parse().unwrap())
+    ///     .serve()?;
+    /// let addr = serving.tcp_addr().unwrap();
+    /// # Ok::<(), netless::Status>(())
+    /// ```
+    pub fn tcp(mut self, addr: SocketAddr) -> GrpcServer {
+        self.tcp = Some(Listen::Addr(addr));
+        self
+    }
+
+    /// As [`GrpcServer::tcp`], on a listener already bound.
+    ///
+    /// ```no_run
+    /// let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let serving = netless_grpc::GrpcServer::new().tcp_listener(listener).serve()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tcp_listener(mut self, listener: std::net::TcpListener) -> GrpcServer {
+        self.tcp = Some(Listen::Listener(listener));
+        self
+    }
+
+    /// TLS (rustls) on the TCP listener.
+    ///
+    /// ```no_run
+    /// use tonic::transport::{Identity, ServerTlsConfig};
+    /// let identity = Identity::from_pem(std::fs::read("cert.pem")?, std::fs::read("key.pem")?);
+    /// let server = netless_grpc::GrpcServer::new()
+    ///     .tcp("0.0.0.0:50051".parse()?)
+    ///     .tls(ServerTlsConfig::new().identity(identity));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tls(mut self, config: tonic::transport::ServerTlsConfig) -> GrpcServer {
+        self.tls = Some(config);
+        self
+    }
+
+    /// Whether to serve on netless too (default `true`); `false`, with a TCP listener,
+    /// serves on TCP alone.
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new()
+    ///     // .add_service(..)
+    ///     .tcp("127.0.0.1:50051".parse().unwrap())
+    ///     .netless(false)
+    ///     .serve()?;
+    /// assert!(serving.servers().is_empty());
+    /// # Ok::<(), netless::Status>(())
+    /// ```
+    pub fn netless(mut self, enabled: bool) -> GrpcServer {
+        self.tcp_only = !enabled;
+        self
+    }
+
+    /// Adds a tonic-generated service; it is served as netless service `S::NAME` (and on
+    /// TCP at `/S::NAME/`).
+    ///
+    /// ```no_run
+    /// # #[derive(Clone)] struct GreeterServer;
+    /// # impl tonic::server::NamedService for GreeterServer { const NAME: &'static str = "helloworld.Greeter"; }
+    /// # impl tower_service::Service<http::Request<tonic::body::Body>> for GreeterServer {
+    /// #     type Response = http::Response<tonic::body::Body>;
+    /// #     type Error = std::convert::Infallible;
+    /// #     type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+    /// #     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> { std::task::Poll::Ready(Ok(())) }
+    /// #     fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future { unimplemented!() }
+    /// # }
+    /// // `GreeterServer::new(MyGreeter)` in an application, generated by tonic.
+    /// let serving = netless_grpc::GrpcServer::new()
+    ///     .add_service(GreeterServer)
+    ///     .serve()?;
+    /// # Ok::<(), netless::Status>(())
+    /// ```
     pub fn add_service<S>(mut self, service: S) -> GrpcServer
     where
         S: Service<
@@ -82,12 +195,26 @@ impl GrpcServer {
         S::Future: Send + 'static,
     {
         // Each netless server serves one service, so calls go straight to it: no router.
+        self.routes.add_service(service.clone());
         self.services.push((S::NAME, GrpcService::new(service)));
         self
     }
 
-    /// Binds one netless server per service; they serve until the returned handle is dropped.
+    /// Binds one netless server per service and the TCP listener, if any; they serve until
+    /// the returned handle is dropped or stopped.
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new().serve()?;
+    /// # Ok::<(), netless::Status>(())
+    /// ```
     pub fn serve(self) -> Result<GrpcServing, Status> {
+        if self.tcp_only && self.tcp.is_none() {
+            return Err(Status::invalid_argument(
+                "a server without netless needs a TCP listener (GrpcServer::tcp)",
+            ));
+        }
+        // Bound first, so a taken port fails before any netless name is claimed.
+        let listener = self.tcp.map(Listen::bind).transpose()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.runtime_threads.unwrap_or(2))
             .thread_name("netless-grpc")
@@ -97,8 +224,12 @@ impl GrpcServer {
         let sessions = Arc::new(Sessions::new(self.max_streams.unwrap_or(MAX_SESSIONS)));
         runtime.spawn(Sessions::sweep(Arc::downgrade(&sessions)));
         let mut shareds = Vec::new();
-        let servers = self
-            .services
+        let netless_services = if self.tcp_only {
+            Vec::new()
+        } else {
+            self.services
+        };
+        let servers = netless_services
             .into_iter()
             .map(|(name, service)| {
                 let shared = Arc::new(Shared {
@@ -116,42 +247,104 @@ impl GrpcServer {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let tcp = listener
+            .map(|listener| TcpServing::start(&runtime, listener, self.routes.routes(), self.tls))
+            .transpose()?;
         Ok(GrpcServing {
             servers,
+            tcp,
             sessions,
             runtime: Some(runtime),
         })
     }
 }
 
-/// Serving tonic services over netless; stops when dropped.
+/// How long [`GrpcServing::stop`] lets the TCP side's calls under way finish.
+const TCP_GRACE: Duration = Duration::from_secs(2);
+
+/// Serving tonic services over netless (and TCP); stops when dropped.
 pub struct GrpcServing {
     servers: Vec<Server>,
+    tcp: Option<TcpServing>,
     sessions: Arc<Sessions>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl GrpcServing {
     /// The netless servers, one per service.
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new().serve()?;
+    /// for server in serving.servers() {
+    ///     println!("LISTENING netless={}", server.service());
+    /// }
+    /// # Ok::<(), netless::Status>(())
+    /// ```
     pub fn servers(&self) -> &[Server] {
         &self.servers
     }
 
+    /// The TCP address it serves HTTP/2 on (the port chosen, if it asked for 0), if any.
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new()
+    ///     .tcp("127.0.0.1:0".parse().unwrap())
+    ///     .serve()?;
+    /// println!("LISTENING tcp={}", serving.tcp_addr().unwrap());
+    /// # Ok::<(), netless::Status>(())
+    /// ```
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().map(TcpServing::local_addr)
+    }
+
+    /// Stops both transports: the TCP listener closes its connections gracefully (GOAWAY;
+    /// calls under way get up to 2 s), then the netless servers close theirs. Dropping the
+    /// handle stops them too, without waiting.
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new().serve()?;
+    /// serving.stop();
+    /// # Ok::<(), netless::Status>(())
+    /// ```
+    pub fn stop(mut self) {
+        if let Some(tcp) = &mut self.tcp {
+            tcp.shutdown(TCP_GRACE);
+        }
+    }
+
     /// Streams open right now.
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new().serve()?;
+    /// assert_eq!(serving.open_streams(), 0);
+    /// # Ok::<(), netless::Status>(())
+    /// ```
     pub fn open_streams(&self) -> usize {
         self.sessions.len()
     }
 
     /// Blocks until the servers stop (for `main` of a server process).
+    ///
+    /// ```no_run
+    /// let serving = netless_grpc::GrpcServer::new().serve()?;
+    /// serving.wait();
+    /// # Ok::<(), netless::Status>(())
+    /// ```
     pub fn wait(&self) {
         for server in &self.servers {
             server.wait();
+        }
+        if let Some(tcp) = &self.tcp {
+            tcp.wait();
         }
     }
 }
 
 impl Drop for GrpcServing {
     fn drop(&mut self) {
+        if let Some(tcp) = &mut self.tcp {
+            tcp.shutdown(Duration::ZERO);
+        }
         self.servers.clear();
         if let Some(runtime) = self.runtime.take() {
             // Not `drop`: that blocks, and panics if the handle is dropped inside a runtime.
@@ -169,6 +362,9 @@ impl std::fmt::Debug for GrpcServer {
             .field("max_streams", &self.max_streams)
             .field("config", &self.config)
             .field("runtime_threads", &self.runtime_threads)
+            .field("tcp", &self.tcp)
+            .field("tls", &self.tls.is_some())
+            .field("netless", &!self.tcp_only)
             .finish()
     }
 }
@@ -177,6 +373,7 @@ impl std::fmt::Debug for GrpcServing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrpcServing")
             .field("servers", &self.servers)
+            .field("tcp", &self.tcp_addr())
             .finish()
     }
 }

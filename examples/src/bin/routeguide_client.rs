@@ -1,5 +1,7 @@
 //! Runs all four kinds of call against `routeguide.RouteGuide`, over TCP or over netless:
-//! `cargo run -p netless-examples --bin routeguide_client -- --transport netless`.
+//! `cargo run -p netless-examples --bin routeguide_client -- --transport netless`, or
+//! wherever a target says: `--target routeguide.RouteGuide` (a table in `NETLESS_TARGETS`
+//! may send that name elsewhere), `--target http://127.0.0.1:50051`.
 
 use std::time::Duration;
 
@@ -59,6 +61,11 @@ where
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(target) = &cli.client.target {
+        let channel = netless_grpc::Channel::target(target)?;
+        eprintln!("calling {}", channel.location());
+        return tour(RouteGuideClient::new(channel)).await;
+    }
     match cli.client.transport {
         Transport::Netless | Transport::Both => {
             let channel = netless_grpc::Channel::connect("routeguide.RouteGuide")?;

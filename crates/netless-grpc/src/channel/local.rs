@@ -1,15 +1,13 @@
-//! The client side: a [`Channel`] that tonic-generated clients accept in place of
-//! `tonic::transport::Channel`, sending each call over netless.
-
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+//! The local path: one gRPC call as netless calls on a [`Client`], the request's headers
+//! as metadata, its messages as payload, and a stream as a session (see `protocol`).
+//!
+//! This module owns the client's half of that mapping; where a channel goes is decided in
+//! `channel/mod.rs`.
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue};
-use netless::{CallOptions, Client, ClientConfig, Metadata, Reply, Status};
+use netless::{CallOptions, Client, Metadata, Reply, Status};
 
 use crate::mapping::{
     headers_to_metadata, metadata_to_headers, parse_grpc_timeout, take_ready, ReplyBody,
@@ -17,61 +15,6 @@ use crate::mapping::{
 };
 use crate::protocol::{session_of, HEADERS, MORE, WINDOW};
 use crate::stream::{ClientStream, StreamBody};
-
-/// A tonic transport over netless: `GreeterClient::new(Channel::connect("helloworld.Greeter")?)`.
-///
-/// Cheap to clone; clones share one netless connection. Unary and streaming calls, metadata,
-/// trailers, `grpc-timeout` deadlines and cancellation (dropping a call or its response
-/// stream cancels it on the server) behave as over HTTP/2. A call that cannot reach the
-/// service (unknown service, dead server, full queue, expired deadline) completes with the
-/// corresponding gRPC status, as tonic reports transport failures.
-#[derive(Clone, Debug)]
-pub struct Channel {
-    client: Client,
-}
-
-impl Channel {
-    /// Connects to the netless service `service` (by convention the gRPC `pkg.Service`).
-    pub fn connect(service: &str) -> Result<Channel, Status> {
-        Ok(Channel {
-            client: Client::connect(service)?,
-        })
-    }
-
-    /// Connects with `config`.
-    pub fn connect_with(service: &str, config: ClientConfig) -> Result<Channel, Status> {
-        Ok(Channel {
-            client: Client::connect_with(service, config)?,
-        })
-    }
-
-    /// Wraps an existing netless client.
-    pub fn from_client(client: Client) -> Channel {
-        Channel { client }
-    }
-}
-
-type ResponseFuture =
-    Pin<Box<dyn Future<Output = Result<http::Response<tonic::body::Body>, Infallible>> + Send>>;
-
-impl tower_service::Service<http::Request<tonic::body::Body>> for Channel {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> ResponseFuture {
-        let client = self.client.clone();
-        Box::pin(async move {
-            Ok(call(client, request)
-                .await
-                .unwrap_or_else(|status| status_response(&status)))
-        })
-    }
-}
 
 /// One call on `client`: `Err` for a failure of the netless call itself (the service's
 /// own errors come as responses).
