@@ -291,7 +291,12 @@ impl<T: Transport> Session<T> {
                 }
             }
         };
-        let (reply, ()) = tokio::join!(call, send);
+        tokio::pin!(call);
+        let reply = tokio::select! {
+            // A refusal ends the call before the data is sent: stop sending.
+            reply = &mut call => reply,
+            () = send => call.await,
+        };
         decode_reply(reply?.into_inner())
     }
 
