@@ -367,6 +367,11 @@ impl State {
                 self.objects.len()
             )));
         }
+        self.check_holds(session)
+    }
+
+    /// Whether `session` may hold one more object.
+    fn check_holds(&self, session: &SessionId) -> Result<(), Status> {
         let holds = self.sessions.get(session).map_or(0, |s| s.holds.len());
         if holds >= self.config.max_holds_per_session {
             return Err(Status::resource_exhausted(format!(
@@ -411,12 +416,7 @@ impl State {
         {
             return Ok(());
         }
-        let holds = self.sessions.get(&session).map_or(0, |s| s.holds.len());
-        if holds >= self.config.max_holds_per_session {
-            return Err(Status::resource_exhausted(format!(
-                "this session holds {holds} objects, the limit per session: release some"
-            )));
-        }
+        self.check_holds(&session)?;
         if let Some(entry) = self.sessions.get_mut(&session) {
             entry.holds.insert(object);
         }
