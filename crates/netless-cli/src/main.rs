@@ -33,6 +33,9 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Inspect a memory-fabric region: `netless fabric ls PATH`.
     Fabric(cmd::fabric::Args),
+    /// Serve a memory node holding the pages of references that leave their host
+    /// (`netless memnode stat --addr ADDR`: what a node holds).
+    Memnode(cmd::memnode::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => cmd::sim::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Fabric(args) => cmd::fabric::run(args),
+        Command::Memnode(args) => cmd::memnode::run(args),
     };
     match result {
         Ok(code) => code,

@@ -17,6 +17,7 @@ fn main() {
     seeds.extend(netless_pool::fuzzing::seeds());
     seeds.extend(grpc_seeds());
     seeds.extend(ring_seeds());
+    seeds.extend(memnode_seeds());
     let mut counts = std::collections::BTreeMap::new();
     for (target, bytes) in seeds {
         let n = counts.entry(target).or_insert(0);
@@ -71,6 +72,23 @@ fn grpc_seeds() -> Vec<(&'static str, Vec<u8>)> {
     .into_iter()
     .map(|seed| ("grpc_mapping", seed))
     .collect()
+}
+
+/// A memory-node reference shaped as a node issues it (the MAC is the node's secret: any 16
+/// bytes do), one of a version not known, and one cut short.
+fn memnode_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let mut issued = b"nlmr\x01\0\0\0".to_vec();
+    issued.extend_from_slice(&0x1234_5678_9abc_def0u64.to_le_bytes());
+    issued.extend_from_slice(&7u64.to_le_bytes());
+    issued.extend_from_slice(&((1u64 << 20) + 3).to_le_bytes());
+    issued.extend_from_slice(&[0xa5; 16]);
+    let mut other_version = issued.clone();
+    other_version[4] = 2;
+    let short = issued[..47].to_vec();
+    [issued, other_version, short]
+        .into_iter()
+        .map(|seed| ("memnode_ref", seed))
+        .collect()
 }
 
 /// Operation sequences of an honest ring and queue, and regions as `init` lays them out.

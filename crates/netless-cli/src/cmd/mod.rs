@@ -5,6 +5,7 @@ pub mod ctl;
 pub mod echo_server;
 pub mod fabric;
 pub mod gateway;
+pub mod memnode;
 pub mod ping;
 pub mod sim;
 pub mod size;
