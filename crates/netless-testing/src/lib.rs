@@ -21,6 +21,7 @@ use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde_json::Value;
 
 mod namespace;
+pub mod sockets;
 
 pub use namespace::{in_container, in_new_pid_namespace, pid_namespace};
 
