@@ -72,12 +72,17 @@ pub(crate) fn is_internal(service: &str) -> bool {
 /// Checks that `name` can be a service the gateway serves itself (an egress service): a
 /// name as an exact pattern takes it, and not an internal one; `Err` says what is wrong.
 pub(crate) fn check_service_name(name: &str) -> Result<(), String> {
+    if is_internal(name) {
+        return Err(format!(
+            "`{name}` is a name of netless's internal services (`netless.*`, `netless-*`), \
+             which a gateway never serves"
+        ));
+    }
     match parse(name) {
         Ok(Pattern::Exact(_)) => Ok(()),
         Ok(_) => Err(format!(
             "`{name}` is a pattern, not a service name (`pkg.Service`)"
         )),
-        Err(why) if why.contains("internal") => Err(why),
         Err(_) => Err(format!(
             "`{name}` is not a service name: give `pkg.Service`"
         )),
