@@ -4,7 +4,9 @@
 //! remote is told by the body itself: hyper looks at it (`is_end_stream`, then
 //! `poll_frame`) only once the request is on an HTTP/2 connection, about to send its
 //! headers. So a try that failed with its body untouched sent nothing, and the body,
-//! taken back whole, goes with the next try; one touched is never sent again.
+//! taken back whole, goes with the next try; one touched is never sent again. Looks before
+//! the try is [armed](Attempt::arm) do not count: `tonic::body::Body::new`, which wraps
+//! it, asks `is_end_stream` at once (and is told no, so that it keeps the wrapper).
 //!
 //! [`RemoteBody`]: the remote's response body as the caller gets it: ended with
 //! `DEADLINE_EXCEEDED` when the call's deadline passes (the remote's stream is reset), and
@@ -30,6 +32,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 struct Slot {
     body: Option<tonic::body::Body>,
+    /// Whether the try is under way: looks at the body count from now on.
+    armed: bool,
     /// Whether hyper looked at the body, or it was taken back.
     touched: bool,
 }
@@ -50,6 +54,7 @@ impl Attempt {
     pub(super) fn new(body: tonic::body::Body) -> (Attempt, TryBody) {
         let slot = Arc::new(Mutex::new(Slot {
             body: Some(body),
+            armed: false,
             touched: false,
         }));
         let body = TryBody {
@@ -59,12 +64,19 @@ impl Attempt {
         (Attempt { slot }, body)
     }
 
+    /// From now on, a look at the body means the request may have left.
+    pub(super) fn arm(&self) {
+        lock(&self.slot).armed = true;
+    }
+
     /// The body, if the try never touched it; after this the try finds it ended.
     pub(super) fn take_back(&self) -> Option<tonic::body::Body> {
         let mut slot = lock(&self.slot);
         if slot.touched {
             return None;
         }
+        // Whatever the old try asks from now on, its body has ended.
+        slot.armed = true;
         slot.touched = true;
         slot.body.take()
     }
@@ -95,6 +107,9 @@ impl Body for TryBody {
             return body.is_end_stream();
         }
         let mut slot = lock(&self.slot);
+        if !slot.armed {
+            return false;
+        }
         slot.touched = true;
         slot.body.as_ref().is_none_or(Body::is_end_stream)
     }
@@ -213,6 +228,9 @@ mod tests {
     #[test]
     fn an_untouched_body_comes_back_whole() {
         let (attempt, body) = Attempt::new(full(b"abc"));
+        // Wrapping asks whether the body ended, before the try is armed: no look.
+        let body = tonic::body::Body::new(body);
+        attempt.arm();
         // A size hint is no look at the body: hyper may ask before it has a connection.
         assert_eq!(body.size_hint().exact(), Some(3));
         drop(body);
@@ -228,7 +246,15 @@ mod tests {
             .build()
             .unwrap();
         let (attempt, body) = Attempt::new(full(b"abc"));
+        attempt.arm();
         assert!(!body.is_end_stream());
+        assert!(attempt.take_back().is_none());
+
+        // Even an empty body: hyper sends the headers at once then.
+        let (attempt, body) = Attempt::new(tonic::body::Body::empty());
+        let body = tonic::body::Body::new(body);
+        attempt.arm();
+        assert!(body.is_end_stream());
         assert!(attempt.take_back().is_none());
 
         let (attempt, body) = Attempt::new(full(b"abc"));

@@ -96,8 +96,10 @@ impl Shared {
                     .insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
             }
             let (attempt, try_body) = Attempt::new(next);
+            let request = request_of(&parts, try_body);
+            attempt.arm();
             let (channel, load) = self.endpoints.begin(i);
-            let sent = channel.oneshot(request_of(&parts, try_body));
+            let sent = channel.oneshot(request);
             let outcome = match deadline {
                 Some(deadline) => match tokio::time::timeout_at(deadline.into(), sent).await {
                     Ok(outcome) => outcome,
