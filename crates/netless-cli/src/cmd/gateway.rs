@@ -39,30 +39,10 @@ pub struct Args {
         required_unless_present = "egress"
     )]
     pub allow: Vec<String>,
-    /// A remote service to serve locally (repeatable):
-    /// `pkg.Service=http://10.0.0.2:50051,http://10.0.0.3:50051`. Local processes call it
-    /// over netless as `pkg.Service`; the gateway forwards each call over HTTP/2 to the
-    /// least loaded endpoint that is up, and to another one if the connection failed before
-    /// the call left. A live netless server of that name already there, or the name also
-    /// matching --allow, is an error at startup. Printed as `EGRESS pkg.Service` once served.
-    #[arg(long = "egress", value_name = "SERVICE=ENDPOINTS", value_parser = parse_egress)]
-    pub egress: Vec<EgressArg>,
-    /// PEM file of the CA(s) that https:// egress endpoints' certificates must chain to
-    /// (there are no built-in roots: https endpoints need it).
-    #[arg(long, value_name = "PEM")]
-    pub egress_ca: Option<PathBuf>,
-    /// Time to connect to one egress endpoint (TCP, then TLS) before the call moves to
-    /// another one.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub egress_connect_timeout: Duration,
-    /// Times an egress call may move to another endpoint after a connection failed before
-    /// the call left (never once it may have reached the remote).
-    #[arg(long, default_value_t = 2)]
-    pub egress_retries: u32,
-    /// Calls to each egress service waiting for the remote's response headers at once
-    /// (each holds one of its netless worker threads meanwhile).
-    #[arg(long, default_value_t = GatewayLimits::default().egress_concurrency)]
-    pub egress_concurrency: usize,
+    /// The remote services served locally, and how they are reached (boxed: the other
+    /// commands' arguments are much smaller).
+    #[command(flatten)]
+    pub egress: Box<EgressArgs>,
     /// PEM certificate chain: serve TLS (with --tls-key).
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -128,6 +108,40 @@ pub struct Args {
     pub wait: netless::WaitMode,
 }
 
+/// The egress flags of `netless gateway`.
+#[derive(clap::Args, Debug)]
+pub struct EgressArgs {
+    /// A remote service to serve locally (repeatable):
+    /// `pkg.Service=http://10.0.0.2:50051,http://10.0.0.3:50051`. Local processes call it
+    /// over netless as `pkg.Service`; the gateway forwards each call over HTTP/2 to the
+    /// least loaded endpoint that is up, and to another one if the connection failed before
+    /// the call left. A live netless server of that name already there, or the name also
+    /// matching --allow, is an error at startup. Printed as `EGRESS pkg.Service` once served.
+    #[arg(
+        id = "egress",
+        long = "egress",
+        value_name = "SERVICE=ENDPOINTS",
+        value_parser = parse_egress
+    )]
+    pub services: Vec<EgressArg>,
+    /// PEM file of the CA(s) that https:// egress endpoints' certificates must chain to
+    /// (there are no built-in roots: https endpoints need it).
+    #[arg(long, value_name = "PEM")]
+    pub egress_ca: Option<PathBuf>,
+    /// Time to connect to one egress endpoint (TCP, then TLS) before the call moves to
+    /// another one.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub egress_connect_timeout: Duration,
+    /// Times an egress call may move to another endpoint after a connection failed before
+    /// the call left (never once it may have reached the remote).
+    #[arg(long, default_value_t = 2)]
+    pub egress_retries: u32,
+    /// Calls to each egress service waiting for the remote's response headers at once
+    /// (each holds one of its netless worker threads meanwhile).
+    #[arg(long, default_value_t = GatewayLimits::default().egress_concurrency)]
+    pub egress_concurrency: usize,
+}
+
 /// One `--egress`: a service and its endpoints.
 #[derive(Clone, Debug)]
 pub struct EgressArg {
@@ -187,7 +201,7 @@ impl Args {
             idle_timeout: self.idle_timeout,
             backend_connections: self.backend_connections,
             backend_connect_timeout: self.backend_connect_timeout,
-            egress_concurrency: self.egress_concurrency,
+            egress_concurrency: self.egress.egress_concurrency,
         }
     }
 
@@ -207,11 +221,12 @@ impl Args {
             let token = netless_grpc::read_token_file(path).map_err(anyhow::Error::msg)?;
             builder = builder.bearer_token(token);
         }
-        for egress in &self.egress {
-            let mut remote = netless_grpc::Egress::new(&egress.service, &egress.endpoints)
-                .connect_timeout(self.egress_connect_timeout)
-                .retries(self.egress_retries);
-            if let Some(ca) = &self.egress_ca {
+        let egress = &self.egress;
+        for service in &egress.services {
+            let mut remote = netless_grpc::Egress::new(&service.service, &service.endpoints)
+                .connect_timeout(egress.egress_connect_timeout)
+                .retries(egress.egress_retries);
+            if let Some(ca) = &egress.egress_ca {
                 remote = remote.tls_ca(ca);
             }
             builder = builder.add_egress(remote);
@@ -257,7 +272,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     // Served before the listener opens, so the first line a supervisor reads says egress
     // calls can be made.
-    let _egress = if args.egress.is_empty() {
+    let _egress = if args.egress.services.is_empty() {
         None
     } else {
         let serving = gateway
