@@ -39,6 +39,8 @@ const GREETER: &str = "helloworld.Greeter";
 const GUIDE: &str = "routeguide.RouteGuide";
 /// How long a client command may take.
 const COMMAND: Duration = Duration::from_secs(60);
+/// Features of the remote's RouteGuide: rows of 100 (`grid_point`).
+const FEATURES: usize = 400_000;
 
 /// Entry point of the remote server processes (run only by them, via `--ignored`).
 #[test]
@@ -104,8 +106,13 @@ fn remote_main() {
         }
         println!("\nREMOTE LISTENING {}", listener.local_addr().unwrap());
         std::io::stdout().flush().unwrap();
-        let observer = std::sync::Arc::new(|_event: String| {});
-        let guide = RouteGuideServer::new(RouteGuideService::new(1000, observer));
+        let observer = std::sync::Arc::new(|event: String| {
+            println!("EVENT {event}");
+            let _ = std::io::stdout().flush();
+        });
+        // More features than the buffers on the way hold, so that a stream dropped early
+        // is noticed by the remote before it has sent them all.
+        let guide = RouteGuideServer::new(RouteGuideService::new(FEATURES, observer));
         server
             .add_service(Tagged::new(GreeterServer::new(MyGreeter), &tag))
             .add_service(Tagged::new(guide, &tag))
@@ -188,6 +195,7 @@ impl tonic::codegen::tokio_stream::Stream for Notes {
 /// - `timeouts`: the deadlines the remote is given (`OK timeouts`);
 /// - `hold`, `release`: opens a bidirectional stream and keeps it open (`HOLDING`) until
 ///   `release` (`OK released`);
+/// - `cancel`: reads a few features of a long stream and drops it (`OK cancelled`);
 /// - `hello N`: N calls, each printed as `HELLO CODE REMOTE MILLISECONDS MESSAGE`, then
 ///   `DONE`.
 fn client_main() {
@@ -238,6 +246,10 @@ fn client_main() {
                 });
                 assert!(matches!(rest, Ok(Ok(None))), "{rest:?}");
                 println!("OK released");
+            }
+            Some("cancel") => {
+                runtime.block_on(cancel(guide()));
+                println!("OK cancelled");
             }
             Some("hello") => {
                 let n: usize = words.next().unwrap().parse().unwrap();
@@ -317,6 +329,18 @@ async fn timeouts(mut greeter: GreeterClient<Channel>) {
     );
 }
 
+/// Reads 3 features of a stream of all of them, then drops it.
+async fn cancel(mut guide: RouteGuideClient<Channel>) {
+    let everywhere = netless_examples::routeguide_pb::Rectangle {
+        lo: Some(netless_examples::routeguide::grid_point(0)),
+        hi: Some(netless_examples::routeguide::grid_point(FEATURES - 1)),
+    };
+    let mut stream = guide.list_features(everywhere).await.unwrap().into_inner();
+    for _ in 0..3 {
+        stream.message().await.unwrap().unwrap();
+    }
+}
+
 /// A bidirectional stream, open and answered once (so the remote has it).
 async fn hold(
     mut guide: RouteGuideClient<Channel>,
@@ -348,30 +372,86 @@ async fn hold(
 // ---------------------------------------------------------------------------------------
 // The tests' side.
 
+/// A process of this test binary, run as its entry test `entry` with `env`, whose stdout
+/// lines arrive on a channel; killed when dropped.
+struct Child {
+    running: Running,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Child {
+    fn start(entry: &str, env: &[(&str, &std::ffi::OsStr)]) -> Child {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                entry,
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Child {
+            running: Running(child),
+            stdin,
+            lines,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.running.0.id()
+    }
+
+    fn send(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// The next line that starts with `prefix`; panics if none comes within `limit` or the
+    /// process ended (its panic is on stderr).
+    fn expect(&mut self, prefix: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no `{prefix}` line within {limit:?}: {e}"),
+            }
+        }
+    }
+}
+
 /// Starts a remote server process tagged `tag` at `listen`, TLS with `tls` (certificate,
 /// key); returns it and its address.
-fn remote(tag: &str, listen: &str, tls: Option<(&Path, &Path)>) -> (Running, String) {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            "remote_process_entry",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("NETLESS_EGRESS_REMOTE", tag)
-        .env("NETLESS_EGRESS_LISTEN", listen)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
+fn remote(tag: &str, listen: &str, tls: Option<(&Path, &Path)>) -> (Child, String) {
+    let mut env = vec![
+        ("NETLESS_EGRESS_REMOTE", tag.as_ref()),
+        ("NETLESS_EGRESS_LISTEN", listen.as_ref()),
+    ];
     if let Some((cert, key)) = tls {
-        command
-            .env("NETLESS_EGRESS_TLS_CERT", cert)
-            .env("NETLESS_EGRESS_TLS_KEY", key);
+        env.push(("NETLESS_EGRESS_TLS_CERT", cert.as_os_str()));
+        env.push(("NETLESS_EGRESS_TLS_KEY", key.as_os_str()));
     }
-    let mut child = command.spawn().unwrap();
-    let address = read_marker(&mut child, "REMOTE LISTENING ");
-    (Running(child), address)
+    let mut remote = Child::start("remote_process_entry", &env);
+    let line = remote.expect("REMOTE LISTENING ", COMMAND);
+    let address = line.trim_start_matches("REMOTE LISTENING ").to_string();
+    (remote, address)
 }
 
 /// `netless gateway --threads 2 <args>` on socket directory `dir`, once its egress
@@ -389,69 +469,31 @@ fn gateway(dir: &TestDir, args: &[&str]) -> Running {
 }
 
 /// The business-logic process, driven by commands.
-struct Client {
-    running: Running,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
+struct Client(Child);
+
+impl std::ops::Deref for Client {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
 }
 
 impl Client {
     fn start(dir: &TestDir) -> Client {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "client_process_entry",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("NETLESS_EGRESS_CLIENT", "1")
-            .env("NETLESS_DIR", &dir.path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut client = Client {
-            running: Running(child),
-            stdin,
-            lines,
-        };
+        let env = [
+            ("NETLESS_EGRESS_CLIENT", "1".as_ref()),
+            ("NETLESS_DIR", dir.path.as_os_str()),
+        ];
+        let mut client = Client(Child::start("client_process_entry", &env));
         client.expect("CLIENT READY", COMMAND);
         client
-    }
-
-    fn pid(&self) -> u32 {
-        self.running.0.id()
-    }
-
-    fn send(&mut self, command: &str) {
-        writeln!(self.stdin, "{command}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// The next line that starts with `prefix`; panics if none comes within `limit` or the
-    /// client ended (its panic is on stderr).
-    fn expect(&mut self, prefix: &str, limit: Duration) -> String {
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no `{prefix}` line from the client within {limit:?}: {e}"),
-            }
-        }
     }
 
     /// Runs `hello n` and returns its lines.
@@ -496,7 +538,7 @@ fn dead_address() -> String {
 #[test]
 fn every_kind_of_call_reaches_the_remote_and_the_caller_holds_no_tcp_socket() {
     let dir = TestDir::new("egress");
-    let (_remote, address) = remote("a", "127.0.0.1:0", None);
+    let (mut remote, address) = remote("a", "127.0.0.1:0", None);
     let url = format!("http://{address}");
     let gateway = gateway(
         &dir,
@@ -516,6 +558,12 @@ fn every_kind_of_call_reaches_the_remote_and_the_caller_holds_no_tcp_socket() {
     client.expect("OK checks", COMMAND);
     client.send("timeouts");
     client.expect("OK timeouts", COMMAND);
+
+    // A stream the caller drops is cancelled at the remote.
+    client.send("cancel");
+    client.expect("OK cancelled", COMMAND);
+    // (Earlier streams were read to their end: `sent all` lines come first.)
+    remote.expect("EVENT list_features: client went away", COMMAND);
 
     // With a stream open through the gateway to the remote: Unix sockets only.
     client.send("hold");
