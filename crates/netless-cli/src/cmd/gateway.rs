@@ -270,8 +270,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .enable_all()
             .build()?
     };
-    // Served before the listener opens, so the first line a supervisor reads says egress
-    // calls can be made.
+    // Served before the listener opens: once `LISTENING` is printed, so is every `EGRESS`.
     let _egress = if args.egress.services.is_empty() {
         None
     } else {

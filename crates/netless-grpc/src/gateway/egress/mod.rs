@@ -240,7 +240,8 @@ pub(super) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 impl Gateway {
     /// Serves the gateway's egress services: one netless server per service, in the socket
     /// directory of the gateway's `ClientConfig`, open to its owner's processes (the
-    /// default ACL). They serve until the returned handle is dropped; no tokio runtime is
+    /// default ACL), with `egress_concurrency` workers that wait as the `ClientConfig`'s
+    /// `wait` says. They serve until the returned handle is dropped; no tokio runtime is
     /// needed to call this (the servers run their own, which also runs the HTTP/2
     /// connections to the remotes).
     ///
