@@ -37,7 +37,7 @@ mod stream;
 
 pub use channel::{Channel, ChannelOptions, Location, Resolver, TARGETS_ENV, TLS_CA_ENV};
 pub use gateway::{
-    read_token_file, tls_acceptor, tls_acceptor_verifying_clients, Gateway, GatewayBuilder,
+    read_token_file, tls_acceptor, tls_acceptor_verifying_clients, Egress, Gateway, GatewayBuilder,
     GatewayLimits,
 };
 pub use server::{GrpcServer, GrpcServing};

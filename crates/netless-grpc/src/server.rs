@@ -257,6 +257,26 @@ impl GrpcServer {
             runtime: Some(runtime),
         })
     }
+
+    /// Adds `service` as netless service `name`, a name known only at run time (the
+    /// gateway's egress services).
+    pub(crate) fn add_named<S>(mut self, name: String, service: S) -> GrpcServer
+    where
+        S: Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<tonic::body::Body>,
+                Error = Infallible,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        // Leaked: the names are `&'static`, and a process names few services at run time.
+        self.services
+            .push((Box::leak(name.into_boxed_str()), GrpcService::new(service)));
+        self
+    }
 }
 
 /// How long [`GrpcServing::stop`] lets the TCP side's calls under way finish.

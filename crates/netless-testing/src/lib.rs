@@ -22,6 +22,7 @@ use serde_json::Value;
 
 mod namespace;
 mod netns;
+pub mod sockets;
 
 pub use namespace::{in_container, in_new_pid_namespace, pid_namespace};
 pub use netns::{Host, TwoHosts};

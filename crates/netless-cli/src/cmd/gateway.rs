@@ -3,6 +3,11 @@
 //! HTTP/2 (optionally TLS, optionally requiring client certificates or a bearer token) and
 //! forwards each call to the netless service its path names, as raw bytes, if `--allow`
 //! names it; within limits on what callers can hold (`netless_grpc::GatewayLimits`).
+//!
+//! With `--egress`, the other way too: each remote service named is served as a local
+//! netless service of that name whose calls the gateway forwards over HTTP/2 to the
+//! remote's endpoints (`netless_grpc::Egress`). A gateway with `--egress` and no `--allow`
+//! forwards nothing in and listens on no port.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -14,20 +19,30 @@ use anyhow::Context;
 use netless_grpc::{Gateway, GatewayLimits};
 
 /// Forward gRPC calls from the network to the netless services named by --allow, by path
-/// (`/pkg.Service/Method` → service `pkg.Service`). Anyone who can reach the listening
-/// address can call those services as the gateway's user: listen on loopback, or require
-/// --tls-client-ca or --token-file.
+/// (`/pkg.Service/Method` → service `pkg.Service`), and from local processes to the remote
+/// services named by --egress. Anyone who can reach the listening address can call the
+/// allowed services as the gateway's user: listen on loopback, or require --tls-client-ca
+/// or --token-file.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Address to listen on (loopback unless told otherwise; port 0 picks a free one).
-    #[arg(long, default_value = "127.0.0.1:50051")]
+    /// Needs --allow: a gateway that forwards nothing in listens on no port.
+    #[arg(long, default_value = "127.0.0.1:50051", requires = "allow")]
     pub listen: SocketAddr,
     /// Services to forward (repeatable): `pkg.Service`, `pkg.*` (every service whose name
     /// starts with `pkg.`) or `*` (every service). Netless's internal services
     /// (`netless.*`, `netless-*`) are never forwarded; every other path gets the same
-    /// UNIMPLEMENTED as a service that does not exist.
-    #[arg(long = "allow", value_name = "PATTERN", required = true)]
+    /// UNIMPLEMENTED as a service that does not exist. Required unless --egress is given.
+    #[arg(
+        long = "allow",
+        value_name = "PATTERN",
+        required_unless_present = "egress"
+    )]
     pub allow: Vec<String>,
+    /// The remote services served locally, and how they are reached (boxed: the other
+    /// commands' arguments are much smaller).
+    #[command(flatten)]
+    pub egress: Box<EgressArgs>,
     /// PEM certificate chain: serve TLS (with --tls-key).
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -93,6 +108,66 @@ pub struct Args {
     pub wait: netless::WaitMode,
 }
 
+/// The egress flags of `netless gateway`.
+#[derive(clap::Args, Debug)]
+pub struct EgressArgs {
+    /// A remote service to serve locally (repeatable):
+    /// `pkg.Service=http://10.0.0.2:50051,http://10.0.0.3:50051`. Local processes call it
+    /// over netless as `pkg.Service`; the gateway forwards each call over HTTP/2 to the
+    /// least loaded endpoint that is up, and to another one if the connection failed before
+    /// the call left. A live netless server of that name already there, or the name also
+    /// matching --allow, is an error at startup. Printed as `EGRESS pkg.Service` once served.
+    #[arg(
+        id = "egress",
+        long = "egress",
+        value_name = "SERVICE=ENDPOINTS",
+        value_parser = parse_egress
+    )]
+    pub services: Vec<EgressArg>,
+    /// PEM file of the CA(s) that https:// egress endpoints' certificates must chain to
+    /// (there are no built-in roots: https endpoints need it).
+    #[arg(long, value_name = "PEM")]
+    pub egress_ca: Option<PathBuf>,
+    /// Time to connect to one egress endpoint (TCP, then TLS) before the call moves to
+    /// another one.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub egress_connect_timeout: Duration,
+    /// Times an egress call may move to another endpoint after a connection failed before
+    /// the call left (never once it may have reached the remote).
+    #[arg(long, default_value_t = 2)]
+    pub egress_retries: u32,
+    /// Calls to each egress service waiting for the remote's response headers at once
+    /// (each holds one of its netless worker threads meanwhile).
+    #[arg(long, default_value_t = GatewayLimits::default().egress_concurrency)]
+    pub egress_concurrency: usize,
+}
+
+/// One `--egress`: a service and its endpoints.
+#[derive(Clone, Debug)]
+pub struct EgressArg {
+    pub service: String,
+    pub endpoints: Vec<String>,
+}
+
+/// `pkg.Service=URL[,URL...]`; the gateway checks the name and the URLs.
+fn parse_egress(text: &str) -> Result<EgressArg, String> {
+    let usage = || format!("`{text}`: give SERVICE=ENDPOINT[,ENDPOINT...]");
+    let (service, endpoints) = text.split_once('=').ok_or_else(usage)?;
+    let endpoints: Vec<String> = endpoints
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    if service.is_empty() || endpoints.is_empty() {
+        return Err(usage());
+    }
+    Ok(EgressArg {
+        service: service.to_string(),
+        endpoints,
+    })
+}
+
 /// `250ms`, `30s`, `5m`, `1h`, or a number of seconds.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text
@@ -126,6 +201,7 @@ impl Args {
             idle_timeout: self.idle_timeout,
             backend_connections: self.backend_connections,
             backend_connect_timeout: self.backend_connect_timeout,
+            egress_concurrency: self.egress.egress_concurrency,
         }
     }
 
@@ -144,6 +220,16 @@ impl Args {
         if let Some(path) = &self.token_file {
             let token = netless_grpc::read_token_file(path).map_err(anyhow::Error::msg)?;
             builder = builder.bearer_token(token);
+        }
+        let egress = &self.egress;
+        for service in &egress.services {
+            let mut remote = netless_grpc::Egress::new(&service.service, &service.endpoints)
+                .connect_timeout(egress.egress_connect_timeout)
+                .retries(egress.egress_retries);
+            if let Some(ca) = &egress.egress_ca {
+                remote = remote.tls_ca(ca);
+            }
+            builder = builder.add_egress(remote);
         }
         builder
             .build()
@@ -184,7 +270,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .enable_all()
             .build()?
     };
+    // Served before the listener opens: once `LISTENING` is printed, so is every `EGRESS`.
+    let _egress = if args.egress.services.is_empty() {
+        None
+    } else {
+        let serving = gateway
+            .serve_egress()
+            .map_err(|status| anyhow::anyhow!("{}", status.message()))?;
+        for service in gateway.egress_services() {
+            println!("EGRESS {service}");
+        }
+        std::io::stdout().flush()?;
+        Some(serving)
+    };
     runtime.block_on(async {
+        if args.allow.is_empty() {
+            shutdown_signal().await;
+            eprintln!("gateway: bye");
+            return Ok(ExitCode::SUCCESS);
+        }
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;

@@ -69,6 +69,26 @@ pub(crate) fn is_internal(service: &str) -> bool {
         })
 }
 
+/// Checks that `name` can be a service the gateway serves itself (an egress service): a
+/// name as an exact pattern takes it, and not an internal one; `Err` says what is wrong.
+pub(crate) fn check_service_name(name: &str) -> Result<(), String> {
+    if is_internal(name) {
+        return Err(format!(
+            "`{name}` is a name of netless's internal services (`netless.*`, `netless-*`), \
+             which a gateway never serves"
+        ));
+    }
+    match parse(name) {
+        Ok(Pattern::Exact(_)) => Ok(()),
+        Ok(_) => Err(format!(
+            "`{name}` is a pattern, not a service name (`pkg.Service`)"
+        )),
+        Err(_) => Err(format!(
+            "`{name}` is not a service name: give `pkg.Service`"
+        )),
+    }
+}
+
 fn parse(pattern: &str) -> Result<Pattern, String> {
     if pattern == "*" {
         return Ok(Pattern::Any);
@@ -165,6 +185,21 @@ mod tests {
         ] {
             let err = AllowList::default().add(pattern).unwrap_err();
             assert!(err.contains("internal"), "{pattern}: {err}");
+        }
+    }
+
+    #[test]
+    fn service_names_are_exact_and_not_internal() {
+        assert!(check_service_name("shop.Orders").is_ok());
+        for (name, why) in [
+            ("shop.*", "pattern"),
+            ("*", "pattern"),
+            ("a b", "not a service name"),
+            ("", "not a service name"),
+            ("netless.ctl", "internal"),
+        ] {
+            let err = check_service_name(name).unwrap_err();
+            assert!(err.contains(why), "{name}: {err}");
         }
     }
 

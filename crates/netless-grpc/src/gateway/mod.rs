@@ -8,10 +8,16 @@
 //! It forwards only the services its allow-list names, never netless's internal ones
 //! (`netless.*`, `netless-*`), and answers every other path exactly as it answers a service
 //! that does not exist. Callers may have to authenticate (a client certificate, a bearer
-//! token), and every resource a caller can hold is bounded ([`GatewayLimits`]). Module
-//! map: `allow` (which services), `auth` (bearer tokens), `tls`, `serve` (connections),
-//! `admission` (calls per connection and per service), `backends` (the netless
-//! connections), `public` (what remote callers are told), `coalesce` (writes).
+//! token), and every resource a caller can hold is bounded ([`GatewayLimits`]).
+//!
+//! It also works the other way, egress ([`Egress`]): local processes call a remote gRPC
+//! service by its name over netless, and the gateway forwards the calls over HTTP/2 to the
+//! remote's endpoints, so a business-logic process never opens a socket.
+//!
+//! Module map: `allow` (which services), `auth` (bearer tokens), `tls`, `serve`
+//! (connections), `admission` (calls per connection and per service), `backends` (the
+//! netless connections), `public` (what remote callers are told), `coalesce` (writes),
+//! `egress` (the remote services served locally).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,6 +47,7 @@ use admission::{CallBody, Held, RemoteConnection, RESERVED_PER_SERVICE};
 use allow::AllowList;
 use auth::BearerToken;
 use backends::{Backends, LinkSpec};
+use egress::Plan;
 use public::Scrubber;
 
 mod admission;
@@ -48,11 +55,13 @@ pub(crate) mod allow;
 pub(crate) mod auth;
 mod backends;
 mod coalesce;
+mod egress;
 pub(crate) mod public;
 mod serve;
 mod tls;
 
 pub use auth::read_token_file;
+pub use egress::Egress;
 pub use tls::{tls_acceptor, tls_acceptor_verifying_clients};
 
 /// What one gateway lets its callers hold; every field has a default
@@ -103,6 +112,11 @@ pub struct GatewayLimits {
     /// Time a backend has to accept a connection and complete the handshake (default 2 s);
     /// calls to a backend that does not are `UNAVAILABLE`, and calls to other services go on.
     pub backend_connect_timeout: Duration,
+    /// Calls to each egress service waiting for the remote's response headers at once
+    /// (default 16, at most 1024): each holds one of the service's netless worker threads
+    /// meanwhile, and the next wait in its queue. Streams, once their headers arrived,
+    /// hold none.
+    pub egress_concurrency: usize,
 }
 
 impl Default for GatewayLimits {
@@ -118,11 +132,35 @@ impl Default for GatewayLimits {
             idle_timeout: Duration::from_secs(120),
             backend_connections: 8,
             backend_connect_timeout: Duration::from_secs(2),
+            egress_concurrency: 16,
         }
     }
 }
 
 impl GatewayLimits {
+    /// The call's deadline: its `grpc-timeout`, else the default timeout's, at most the
+    /// max timeout's. Written into `headers` for the backend (or the remote) unless it is
+    /// the call's own.
+    pub(crate) fn deadline(&self, headers: &mut HeaderMap) -> Option<Instant> {
+        let now = Instant::now();
+        let after = |timeout: Option<Duration>| timeout.and_then(|t| now.checked_add(t));
+        let asked = headers
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| parse_grpc_timeout(v.as_bytes()));
+        let cap = after(self.max_timeout);
+        let deadline = match (asked, cap) {
+            (Some(asked), Some(cap)) if asked <= cap => return Some(asked),
+            (Some(asked), None) => return Some(asked),
+            (Some(_), Some(cap)) => cap,
+            (None, cap) => match (after(self.default_timeout), cap) {
+                (Some(default), Some(cap)) => default.min(cap),
+                (default, cap) => default.or(cap)?,
+            },
+        };
+        headers.insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
+        Some(deadline)
+    }
+
     fn validate(&self) -> Result<(), String> {
         let positive = [
             ("max_connections", self.max_connections),
@@ -130,11 +168,15 @@ impl GatewayLimits {
             ("max_streams", self.max_streams as usize),
             ("max_calls_per_connection", self.max_calls_per_connection),
             ("backend_connections", self.backend_connections),
+            ("egress_concurrency", self.egress_concurrency),
         ];
         for (name, value) in positive {
             if value == 0 {
                 return Err(format!("{name} must be at least 1"));
             }
+        }
+        if self.egress_concurrency > 1024 {
+            return Err("egress_concurrency must be at most 1024".into());
         }
         let durations = [
             (
@@ -170,6 +212,7 @@ pub struct GatewayBuilder {
     allow: Vec<String>,
     token: Option<Vec<u8>>,
     limits: GatewayLimits,
+    egress: Vec<Egress>,
 }
 
 impl std::fmt::Debug for GatewayBuilder {
@@ -180,6 +223,7 @@ impl std::fmt::Debug for GatewayBuilder {
             .field("allow", &self.allow)
             .field("token", &self.token.is_some())
             .field("limits", &self.limits)
+            .field("egress", &self.egress)
             .finish()
     }
 }
@@ -206,14 +250,51 @@ impl GatewayBuilder {
         self
     }
 
+    /// Makes remote service `service` (`pkg.Service`) reachable over netless by that name,
+    /// at `endpoints` (`http://host:port`), with the defaults of [`Egress::new`]; served by
+    /// [`Gateway::serve_egress`].
+    ///
+    /// ```
+    /// let gateway = netless_grpc::Gateway::builder(netless::ClientConfig::default())
+    ///     .egress("helloworld.Greeter", ["http://10.0.0.2:50051", "http://10.0.0.3:50051"])
+    ///     .build()?;
+    /// assert_eq!(gateway.egress_services().collect::<Vec<_>>(), ["helloworld.Greeter"]);
+    /// # Ok::<(), netless::Status>(())
+    /// ```
+    pub fn egress(
+        self,
+        service: impl Into<String>,
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+    ) -> GatewayBuilder {
+        self.add_egress(Egress::new(service, endpoints))
+    }
+
+    /// Makes the remote service `egress` describes reachable over netless by its name.
+    pub fn add_egress(mut self, egress: Egress) -> GatewayBuilder {
+        self.egress.push(egress);
+        self
+    }
+
     /// The gateway; `INVALID_ARGUMENT` for a malformed or internal pattern, a malformed
-    /// token, or limits that do not fit together (each connection's reserved calls must
-    /// fit in a service's backend connections).
+    /// token, limits that do not fit together (each connection's reserved calls must fit
+    /// in a service's backend connections), or an egress service that is malformed,
+    /// named twice, or also allowed in from the network.
     pub fn build(self) -> Result<Gateway, Status> {
         let invalid = Status::invalid_argument;
         let mut allow = AllowList::default();
         for pattern in &self.allow {
             allow.add(pattern).map_err(invalid)?;
+        }
+        let mut egress: Vec<Arc<Plan>> = Vec::new();
+        for e in &self.egress {
+            let plan = Plan::new(e, &allow).map_err(invalid)?;
+            if egress.iter().any(|p| p.service() == plan.service()) {
+                return Err(invalid(format!(
+                    "egress service `{}` is named twice",
+                    plan.service()
+                )));
+            }
+            egress.push(Arc::new(plan));
         }
         let token = match &self.token {
             Some(token) => Some(BearerToken::new(token).map_err(invalid)?),
@@ -232,7 +313,13 @@ impl GatewayBuilder {
                 self.limits.backend_connections, self.limits.max_connections
             )));
         }
-        Ok(Gateway::assemble(self, allow, token, capacity - reserved))
+        Ok(Gateway::assemble(
+            self,
+            allow,
+            token,
+            capacity - reserved,
+            egress,
+        ))
     }
 }
 
@@ -249,6 +336,8 @@ struct Inner {
     backends: Backends,
     /// Calls a service takes beyond the connections' reserves.
     shared_cap: usize,
+    /// The remote services served locally.
+    egress: Vec<Arc<Plan>>,
     scrubber: Arc<Scrubber>,
     calls: AtomicU64,
     refused: AtomicU64,
@@ -261,6 +350,7 @@ impl std::fmt::Debug for Gateway {
             .field("allow", &self.inner.allow)
             .field("token", &self.inner.token.is_some())
             .field("limits", &self.inner.limits)
+            .field("egress", &self.inner.egress)
             .field("calls", &self.inner.calls.load(Ordering::Relaxed))
             .finish()
     }
@@ -271,7 +361,7 @@ impl Gateway {
     /// `UNIMPLEMENTED` until services are allowed, with [`Gateway::builder`].
     pub fn new(config: ClientConfig) -> Gateway {
         let builder = Gateway::builder(config);
-        Gateway::assemble(builder, AllowList::default(), None, 0)
+        Gateway::assemble(builder, AllowList::default(), None, 0, Vec::new())
     }
 
     /// A builder for a gateway that reaches backends with `config` (socket directory, wait
@@ -282,6 +372,7 @@ impl Gateway {
             allow: Vec::new(),
             token: None,
             limits: GatewayLimits::default(),
+            egress: Vec::new(),
         }
     }
 
@@ -290,6 +381,7 @@ impl Gateway {
         allow: AllowList,
         token: Option<BearerToken>,
         shared_cap: usize,
+        egress: Vec<Arc<Plan>>,
     ) -> Gateway {
         let GatewayBuilder {
             mut config, limits, ..
@@ -315,6 +407,7 @@ impl Gateway {
                 limits,
                 backends: Backends::new(spec),
                 shared_cap,
+                egress,
                 scrubber,
                 calls: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
@@ -450,27 +543,9 @@ impl Gateway {
         Ok(request)
     }
 
-    /// The call's deadline: its `grpc-timeout`, else the default timeout's, at most the
-    /// max timeout's. Written into `headers` for the backend unless it is the call's own.
+    /// The call's deadline (see [`GatewayLimits::deadline`]).
     fn deadline(&self, headers: &mut HeaderMap) -> Option<Instant> {
-        let limits = &self.inner.limits;
-        let now = Instant::now();
-        let after = |timeout: Option<Duration>| timeout.and_then(|t| now.checked_add(t));
-        let asked = headers
-            .get(GRPC_TIMEOUT)
-            .and_then(|v| parse_grpc_timeout(v.as_bytes()));
-        let cap = after(limits.max_timeout);
-        let deadline = match (asked, cap) {
-            (Some(asked), Some(cap)) if asked <= cap => return Some(asked),
-            (Some(asked), None) => return Some(asked),
-            (Some(_), Some(cap)) => cap,
-            (None, cap) => match (after(limits.default_timeout), cap) {
-                (Some(default), Some(cap)) => default.min(cap),
-                (default, cap) => default.or(cap)?,
-            },
-        };
-        headers.insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
-        Some(deadline)
+        self.inner.limits.deadline(headers)
     }
 }
 
