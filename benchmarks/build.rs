@@ -1,15 +1,18 @@
-//! Generates the prost messages and tonic client/server for `proto/echo.proto`.
+//! Generates the prost messages and tonic clients/servers for `proto/echo.proto` and
+//! `proto/chain.proto`.
 //!
 //! No `protoc` is needed: `protox` (a pure-Rust protobuf compiler) parses the file into a
 //! `FileDescriptorSet`, and `tonic-prost-build` turns that into Rust code in `OUT_DIR`
-//! (`bench.rs`, included by `src/proto.rs`).
+//! (`bench.rs` and `chain.rs`, included by `src/proto.rs`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTO: &str = "proto/echo.proto";
-    println!("cargo:rerun-if-changed={PROTO}");
+    const PROTOS: [&str; 2] = ["proto/echo.proto", "proto/chain.proto"];
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
     println!("cargo:rerun-if-changed=build.rs");
 
-    let fds = protox::compile([PROTO], ["proto"])?;
+    let fds = protox::compile(PROTOS, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

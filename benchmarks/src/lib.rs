@@ -12,7 +12,9 @@
 //! - `slo_buffers` ([`kvs`]), NEBULA: receive-buffer provisioning and dispatch of a
 //!   key-value service under open-loop load, judged by an SLO;
 //! - `batching` ([`dagger`]), Dagger Figures 5–6: pipelined echo throughput and latency by
-//!   request batching.
+//!   request batching;
+//! - `cross_host` ([`hosts`]), DmRPC-net Figure 5 across two hosts: the nested chain by value
+//!   through the gateways against by reference through the memory node.
 //!
 //! Each binary spawns its peer processes (servers, tiers, load generators) by running itself
 //! again as `<binary> peer <role> …`; the user's `echo-server` and `gateway` are among those
@@ -26,6 +28,7 @@ pub mod gateway;
 pub mod grpc;
 pub mod grpc_http2;
 pub mod harness;
+pub mod hosts;
 pub mod kvs;
 pub mod proto;
 pub mod split;

@@ -140,6 +140,10 @@ pub struct EgressArgs {
     /// (each holds one of its netless worker threads meanwhile).
     #[arg(long, default_value_t = GatewayLimits::default().egress_concurrency)]
     pub egress_concurrency: usize,
+    /// Receive buffer of each egress service, in MiB: requests beyond it are refused with
+    /// RESOURCE_EXHAUSTED until earlier ones have gone out.
+    #[arg(long, value_name = "MiB", default_value_t = GatewayLimits::default().egress_buffer_bytes >> 20)]
+    pub egress_buffer: usize,
 }
 
 /// One `--egress`: a service and its endpoints.
@@ -202,6 +206,7 @@ impl Args {
             backend_connections: self.backend_connections,
             backend_connect_timeout: self.backend_connect_timeout,
             egress_concurrency: self.egress.egress_concurrency,
+            egress_buffer_bytes: self.egress.egress_buffer.saturating_mul(1 << 20),
         }
     }
 

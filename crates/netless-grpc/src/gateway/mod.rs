@@ -117,6 +117,10 @@ pub struct GatewayLimits {
     /// meanwhile, and the next wait in its queue. Streams, once their headers arrived,
     /// hold none.
     pub egress_concurrency: usize,
+    /// Receive buffer of each egress service, in bytes (default 16 MiB: its 16 calls of 1
+    /// MiB each at once): requests that do not fit are refused with `RESOURCE_EXHAUSTED`
+    /// until earlier ones have gone out.
+    pub egress_buffer_bytes: usize,
 }
 
 impl Default for GatewayLimits {
@@ -133,6 +137,7 @@ impl Default for GatewayLimits {
             backend_connections: 8,
             backend_connect_timeout: Duration::from_secs(2),
             egress_concurrency: 16,
+            egress_buffer_bytes: 16 << 20,
         }
     }
 }
@@ -177,6 +182,9 @@ impl GatewayLimits {
         }
         if self.egress_concurrency > 1024 {
             return Err("egress_concurrency must be at most 1024".into());
+        }
+        if !(64 << 10..=1 << 30).contains(&self.egress_buffer_bytes) {
+            return Err("egress_buffer_bytes must be 64 KiB to 1 GiB".into());
         }
         let durations = [
             (

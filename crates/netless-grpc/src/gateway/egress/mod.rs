@@ -262,6 +262,7 @@ impl Gateway {
         let client = &inner.backends.spec().config;
         let config = ServerConfig {
             workers: inner.limits.egress_concurrency,
+            buffer_bytes: Some(inner.limits.egress_buffer_bytes),
             wait: client.wait,
             dir: client.dir.clone(),
             ..ServerConfig::default()
