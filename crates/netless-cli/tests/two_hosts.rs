@@ -106,14 +106,20 @@ async fn memnode_role(role: &str) {
                 want[at..at + bytes.len()].copy_from_slice(bytes);
             }
             let published = session.read(&env_ref(PUBLISHED)).await.unwrap();
-            assert!(published == want, "the published array lacks the callee's writes");
+            assert!(
+                published == want,
+                "the published array lacks the callee's writes"
+            );
             println!("PASS");
         }
         // Puts and derives arrays until killed.
         "holder" => {
             for n in 0u32.. {
                 let reference = session.put(&pattern()).await.unwrap();
-                session.derive(&reference, ARRAY as u64, &[(0, b"x")]).await.unwrap();
+                session
+                    .derive(&reference, ARRAY as u64, &[(0, b"x")])
+                    .await
+                    .unwrap();
                 if n == 4 {
                     println!("HOLDING");
                 }
@@ -253,10 +259,15 @@ fn passes(command: std::process::Command, what: &str) -> String {
 
 #[test]
 fn the_same_client_reaches_its_host_and_the_other_by_target_name() {
-    let Some(hosts) = hosts("by-name") else { return };
+    let Some(hosts) = hosts("by-name") else {
+        return;
+    };
     let _local = start_backend(&hosts.a);
     let _remote = start_backend(&hosts.b);
-    let _gateway_b = start_gateway(&hosts.b, &["--allow", "routeguide.*", "--allow", "helloworld.*"]);
+    let _gateway_b = start_gateway(
+        &hosts.b,
+        &["--allow", "routeguide.*", "--allow", "helloworld.*"],
+    );
 
     // No table: the name is the service on this host.
     let target = [(TARGET, "routeguide.RouteGuide")];
@@ -284,7 +295,10 @@ fn the_same_client_reaches_its_host_and_the_other_by_target_name() {
 fn business_logic_reaches_the_other_host_through_its_gateway_without_a_socket() {
     let Some(hosts) = hosts("egress") else { return };
     let _backend_b = start_backend(&hosts.b);
-    let _gateway_b = start_gateway(&hosts.b, &["--allow", "routeguide.*", "--allow", "helloworld.*"]);
+    let _gateway_b = start_gateway(
+        &hosts.b,
+        &["--allow", "routeguide.*", "--allow", "helloworld.*"],
+    );
     let b = remote(&hosts.b);
     let egress_routeguide = format!("routeguide.RouteGuide={b}");
     let egress_greeter = format!("helloworld.Greeter={b}");
@@ -318,14 +332,20 @@ fn business_logic_reaches_the_other_host_through_its_gateway_without_a_socket() 
         .find_map(|l| l.strip_prefix("SOCKETS "))
         .unwrap_or_else(|| panic!("no SOCKETS line: {stdout}"));
     assert!(sockets.ends_with(" not_unix=0"), "{sockets}");
-    assert!(!sockets.starts_with("held=0 "), "it holds its netless connections: {sockets}");
+    assert!(
+        !sockets.starts_with("held=0 "),
+        "it holds its netless connections: {sockets}"
+    );
 }
 
 #[test]
 fn python_grpcio_on_one_host_calls_the_other_hosts_gateway() {
     let Some(hosts) = hosts("python") else { return };
     let _backend_b = start_backend(&hosts.b);
-    let _gateway_b = start_gateway(&hosts.b, &["--allow", "routeguide.*", "--allow", "helloworld.*"]);
+    let _gateway_b = start_gateway(
+        &hosts.b,
+        &["--allow", "routeguide.*", "--allow", "helloworld.*"],
+    );
     let out_dir = netless_testing::TestDir::new("py-two-hosts");
     let workspace = common::interop::workspace();
     let mut command = hosts.a.command(common::interop::python());
@@ -367,9 +387,13 @@ fn memnode_stats(host: &Host, uri: &str) -> serde_json::Value {
 
 #[test]
 fn a_remote_callee_writes_copy_on_write_and_dead_hosts_leak_no_page() {
-    let Some(hosts) = hosts("memnode") else { return };
+    let Some(hosts) = hosts("memnode") else {
+        return;
+    };
     let listen = format!("{}:7070", hosts.a.addr);
-    let mut node = hosts.a.spawn(BIN, &["memnode", "--listen", &listen, "--lease", "1s"]);
+    let mut node = hosts
+        .a
+        .spawn(BIN, &["memnode", "--listen", &listen, "--lease", "1s"]);
     node.wait_for_line("LISTENING", PATIENCE);
     let uri = format!("http://{listen}");
     let env = |extra: &[(&'static str, String)]| {
@@ -392,7 +416,11 @@ fn a_remote_callee_writes_copy_on_write_and_dead_hosts_leak_no_page() {
         env(&[(REF, reference), (PUBLISHED, published)]),
     );
     let out = check.finish(PATIENCE);
-    assert!(out.status.success() && out.stdout.contains("PASS"), "{}", out.describe());
+    assert!(
+        out.status.success() && out.stdout.contains("PASS"),
+        "{}",
+        out.describe()
+    );
     // The node shares the 14 pages the callee did not write: 16 + 2.
     let stats = memnode_stats(&hosts.a, &uri);
     assert_eq!(stats["objects"], 2, "{stats}");
