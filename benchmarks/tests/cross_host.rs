@@ -40,10 +40,13 @@ fn measures_the_chain_both_ways_across_two_hosts() {
         [(1, 65536), (1, 1 << 20), (7, 65536), (7, 1 << 20)],
         "{text}"
     );
-    for p in chain {
+    for (p, rounds) in chain.iter().zip(v["chain_rounds"].as_array().unwrap()) {
         for side in ["by_value", "by_ref"] {
-            assert_eq!(p[side]["errors"], 0, "{side} of {p}");
-            assert!(p[side]["calls_per_s"].as_f64().unwrap() > 0.0, "{side} of {p}");
+            assert_eq!(p[side]["errors"], 0, "{side} of {rounds}");
+            assert!(
+                p[side]["calls_per_s"].as_f64().unwrap() > 0.0,
+                "{side} of {p}"
+            );
         }
     }
     let latency = v["latency"].as_array().unwrap();

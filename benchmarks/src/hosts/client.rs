@@ -89,7 +89,11 @@ pub fn serve(args: ClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(command: &Command, memory: &Arc<Memory>, args: &ClientArgs) -> anyhow::Result<Measured> {
+async fn run(
+    command: &Command,
+    memory: &Arc<Memory>,
+    args: &ClientArgs,
+) -> anyhow::Result<Measured> {
     match *command {
         Command::Chain {
             hops,
@@ -104,7 +108,9 @@ async fn run(command: &Command, memory: &Arc<Memory>, args: &ClientArgs) -> anyh
             for _ in 0..4 {
                 call.once().await?;
             }
-            Ok(call.window(in_flight, Duration::from_millis(window_ms)).await)
+            Ok(call
+                .window(in_flight, Duration::from_millis(window_ms))
+                .await)
         }
         Command::Latency { via, calls } => {
             // One Channel type for the three paths: the target alone says where it goes.
@@ -141,7 +147,14 @@ where
     <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
     T::Future: Send,
 {
-    fn new(channel: T, service: &str, memory: Arc<Memory>, size: usize, by_ref: bool, hops: u32) -> Self {
+    fn new(
+        channel: T,
+        service: &str,
+        memory: Arc<Memory>,
+        size: usize,
+        by_ref: bool,
+        hops: u32,
+    ) -> Self {
         let data: Vec<u8> = (0..size).map(|i| (i * 31 + 7) as u8).collect();
         let grpc = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(64 << 20)

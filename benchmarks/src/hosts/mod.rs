@@ -83,7 +83,7 @@ pub enum Role {
     /// The load.
     Client(client::ClientArgs),
     /// A host's `netless gateway`.
-    Gateway(netless_cli::cmd::gateway::Args),
+    Gateway(Box<netless_cli::cmd::gateway::Args>),
     /// The `netless memnode`.
     Memnode(netless_cli::cmd::memnode::Args),
 }
@@ -93,7 +93,7 @@ pub fn peer(role: Role) -> anyhow::Result<()> {
     match role {
         Role::Tier(args) => tier::serve(args),
         Role::Client(args) => client::serve(args),
-        Role::Gateway(args) => crate::gateway::serve(args),
+        Role::Gateway(args) => crate::gateway::serve(*args),
         Role::Memnode(args) => netless_cli::cmd::memnode::run(args).map(drop),
     }
 }
@@ -111,12 +111,19 @@ impl Drop for Processes {
     }
 }
 
-/// Starts `peer ARGS…` of this executable on `host`, waiting for its `LISTENING` line.
+/// Starts `peer ARGS…` of this executable on `host`, waiting for its `LISTENING` line (a
+/// gateway prints an `EGRESS` line per egress service first).
 fn start(host: &Host, args: &[String], stop: Stop) -> anyhow::Result<Peer> {
     let mut command: Command = peer::command(args)?;
     host.enter(&mut command);
     let what = format!("[{}] {}", host.name, args.join(" "));
-    Ok(Peer::spawn_command(command, what, "LISTENING", stop)?.0)
+    let egress = args.iter().any(|a| a == "--egress");
+    let ready = if egress { "EGRESS" } else { "LISTENING" };
+    let (mut peer, _) = Peer::spawn_command(command, what, ready, stop)?;
+    if egress {
+        while !peer.line()?.starts_with("LISTENING") {}
+    }
+    Ok(peer)
 }
 
 fn words(list: &[&str]) -> Vec<String> {
@@ -136,14 +143,21 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         args.hops.iter().all(|h| (1..=MAX_HOPS).contains(h)),
         "--hops must be 1 to {MAX_HOPS}"
     );
-    anyhow::ensure!(args.in_flight > 0 && args.rounds > 0, "--in-flight and --rounds must be > 0");
+    anyhow::ensure!(
+        args.in_flight > 0 && args.rounds > 0,
+        "--in-flight and --rounds must be > 0"
+    );
     let hosts = TwoHosts::new("cross-host")
         .map_err(|why| anyhow::anyhow!("cross_host runs on two network namespaces: {why}"))?;
     let memnode = format!("http://{}:{MEMNODE_PORT}", hosts.a.addr);
     let mut processes = Processes { peers: Vec::new() };
     processes.peers.push(start(
         &hosts.a,
-        &words(&["memnode", "--listen", &format!("{}:{MEMNODE_PORT}", hosts.a.addr)]),
+        &words(&[
+            "memnode",
+            "--listen",
+            &format!("{}:{MEMNODE_PORT}", hosts.a.addr),
+        ]),
         Stop::Sigterm,
     )?);
     for k in 1..=MAX_HOPS {
@@ -152,16 +166,20 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         processes.peers.push(start(host, &args, Stop::CloseStdin)?);
     }
     for (host, other, parity) in [(&hosts.a, &hosts.b, 1), (&hosts.b, &hosts.a, 0)] {
-        let mut gateway = words(&[
-            "gateway",
-            "--listen",
-            &format!("{}:{GATEWAY_PORT}", host.addr),
-            "--allow",
-            "chain.*",
-        ]);
-        for k in (1..=MAX_HOPS).filter(|k| k % 2 == parity) {
-            gateway.push("--egress".into());
-            gateway.push(format!("chain.Tier{k}=http://{}:{GATEWAY_PORT}", other.addr));
+        let listen = format!("{}:{GATEWAY_PORT}", host.addr);
+        let mut gateway = words(&["gateway", "--listen", &listen]);
+        // Its own tiers in (the others' calls), the other host's out.
+        for k in 1..=MAX_HOPS {
+            if k % 2 == parity {
+                gateway.push("--egress".into());
+                gateway.push(format!(
+                    "chain.Tier{k}=http://{}:{GATEWAY_PORT}",
+                    other.addr
+                ));
+            } else {
+                gateway.push("--allow".into());
+                gateway.push(format!("chain.Tier{k}"));
+            }
         }
         processes.peers.push(start(host, &gateway, Stop::Sigterm)?);
     }
@@ -230,7 +248,11 @@ fn measure_chain(
         by_ref: Vec::new(),
     };
     for round in 0..args.rounds {
-        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         for by_ref in order {
             let command = serde_json::json!({
                 "op": "chain", "hops": hops, "size": size, "by_ref": by_ref,

@@ -14,8 +14,7 @@ pub struct Memory {
 impl Memory {
     /// Opens a session with the node at `uri` (`http://ADDR`), as holder `holder`.
     pub async fn open(uri: &str, holder: &str) -> anyhow::Result<Memory> {
-        let channel = tonic::transport::Endpoint::from_shared(uri.to_string())?
-            .connect_lazy();
+        let channel = tonic::transport::Endpoint::from_shared(uri.to_string())?.connect_lazy();
         let session = Session::open(channel, holder).await?;
         Ok(Memory { session })
     }

@@ -94,8 +94,17 @@ pub fn print(points: &[ChainPoint], latency: &[LatencyPoint], args: &Args) {
         args.in_flight, args.rounds, args.window_ms
     );
     let header = [
-        "size", "hops", "value/s", "value p50", "value p99", "ref/s", "ref p50", "ref p99",
-        "tput ref/value", "p50 value/ref", "errors",
+        "size",
+        "hops",
+        "value/s",
+        "value p50",
+        "value p99",
+        "ref/s",
+        "ref p50",
+        "ref p99",
+        "tput ref/value",
+        "p50 value/ref",
+        "errors",
     ];
     let body: Vec<Vec<String>> = points
         .iter()
@@ -124,7 +133,9 @@ pub fn print(points: &[ChainPoint], latency: &[LatencyPoint], args: &Args) {
         .iter()
         .map(|l| {
             let s = summary(&l.rounds);
-            let vs_local = local.as_ref().and_then(|local| median_of_ratios(&p50s(l), local));
+            let vs_local = local
+                .as_ref()
+                .and_then(|local| median_of_ratios(&p50s(l), local));
             vec![
                 via_name(l.via).into(),
                 fmt_us(s.p50_us),

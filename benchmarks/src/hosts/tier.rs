@@ -140,6 +140,8 @@ pub fn serve(args: TierArgs) -> anyhow::Result<()> {
     }));
     let config = netless::ServerConfig {
         workers: args.workers,
+        // Every call in flight may hold a 1 MiB array at once.
+        buffer_bytes: Some(16 << 20),
         ..netless::ServerConfig::default()
     };
     let server = GrpcServer::new().config(config).runtime_threads(2);
