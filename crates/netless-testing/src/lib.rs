@@ -215,7 +215,10 @@ impl Proc {
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    panic!("`{}` printed no `{prefix}` line within {timeout:?}", self.what)
+                    panic!(
+                        "`{}` printed no `{prefix}` line within {timeout:?}",
+                        self.what
+                    )
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     panic!("`{}` closed its stdout before a `{prefix}` line", self.what)
