@@ -18,7 +18,9 @@
 //! - `pipeline`: many calls in flight from one thread on a `Pipeline`, batched;
 //! - `forwarder`: a middle tier that defers each reply, forwards the call on a `Pipeline`
 //!   and answers from `Handler::poll`;
-//! - `by_reference`: large payloads as Refs to pool pages, copy-on-write.
+//! - `by_reference`: large payloads as Refs to pool pages, copy-on-write;
+//! - `memory_node`: a large argument as a `RemoteRef` to a memory node's pages, which
+//!   works across processes and hosts, read on demand and edited copy-on-write.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
