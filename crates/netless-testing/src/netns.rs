@@ -61,6 +61,16 @@ impl Host {
         }
     }
 
+    /// Takes this host's end of the link down, as a host that loses power or its network
+    /// does: its peers see nothing more from it (no reset, no FIN), and its processes live on.
+    ///
+    /// # Panics
+    /// If `ip` fails.
+    pub fn cut_link(&self) {
+        ip(&["-n", &self.name, "link", "set", "eth0", "down"])
+            .unwrap_or_else(|e| panic!("cutting {}'s link: {e}", self.name));
+    }
+
     /// Starts `bin <args>` on this host.
     pub fn spawn(&self, bin: &str, args: &[&str]) -> Proc {
         let mut cmd = self.command(bin);
@@ -172,15 +182,40 @@ fn sweep_stale() {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("nl")
-            .and_then(|rest| rest.split('x').next())
-            .and_then(|pid| pid.parse::<i32>().ok())
-        else {
+        let Some(pid) = maker_of(&name) else {
             continue;
         };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = ip(&["netns", "del", &name]);
+        }
+    }
+}
+
+/// The pid in a namespace name [`TwoHosts::new`] makes (`nl<PID>x<N>a` or `…b`), and only in
+/// one of that exact shape: no other namespace is ever swept.
+fn maker_of(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix("nl")?;
+    let rest = rest.strip_suffix('a').or_else(|| rest.strip_suffix('b'))?;
+    let (pid, n) = rest.split_once('x')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(pid) || !digits(n) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::maker_of;
+
+    #[test]
+    fn only_names_of_the_exact_shape_are_ours() {
+        assert_eq!(maker_of("nl123x0a"), Some(123));
+        assert_eq!(maker_of("nl123x45b"), Some(123));
+        for other in [
+            "nl99999", "nl123x0", "nl123x0c", "nlx0a", "nl12ax0a", "nl1x2x3a", "xnl1x0a",
+        ] {
+            assert_eq!(maker_of(other), None, "{other}");
         }
     }
 }
