@@ -162,8 +162,9 @@ impl State {
         };
         let released = entry.holds.len() as u64;
         if expired {
+            // Escaped: a label is the client's text, and may hold newlines or escapes.
             tracing::info!(
-                holder = %entry.holder,
+                holder = ?entry.holder,
                 released,
                 "memory node: a session's lease ran out; its holds are released"
             );

@@ -2,6 +2,8 @@
 //! capacity, and every refusal's code.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -218,4 +220,52 @@ fn reads_cut_the_last_page_to_the_length_and_count_pages() {
     assert_eq!((pages[0].len(), pages[1].len()), (PAGE_SIZE, 10));
     state.read(&r, 1, 2).unwrap();
     assert_eq!(state.stats().pages_read, 3);
+}
+
+/// Records each event's fields as `name=value` with `value` as the event formats it.
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                let _ = write!(self.0, "{}={value:?} ", field.name());
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        self.0.lock().unwrap().push(fields.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn a_holder_label_reaches_the_log_escaped() {
+    let start = Instant::now();
+    let mut state = node(100);
+    state
+        .open("evil\nINFO memory node: forged line\u{1b}[2J", start)
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    tracing::subscriber::with_default(Capture(lines.clone()), || state.sweep(start + LEASE));
+    let lines = lines.lock().unwrap();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        !lines[0].contains(['\n', '\u{1b}']),
+        "a raw control character: {lines:?}"
+    );
+    assert!(
+        lines[0].contains(r#"holder="evil\nINFO memory node: forged line\u{1b}[2J""#),
+        "{lines:?}"
+    );
 }
