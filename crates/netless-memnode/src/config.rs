@@ -32,6 +32,9 @@ pub struct MemNodeConfig {
     pub max_object_bytes: u64,
     /// Objects stored at once (an empty object takes no page, but takes one of these).
     pub max_objects: usize,
+    /// Holds (a session holding an object) at once, over all sessions: what bounds the
+    /// node's bookkeeping, which capacity does not count.
+    pub max_holds: usize,
     /// Objects one session holds at once.
     pub max_holds_per_session: usize,
 }
@@ -44,6 +47,7 @@ impl Default for MemNodeConfig {
             max_sessions: 4096,
             max_object_bytes: 256 << 20,
             max_objects: 1 << 20,
+            max_holds: 1 << 20,
             max_holds_per_session: 1 << 16,
         }
     }

@@ -371,8 +371,15 @@ impl State {
         self.check_holds(session)
     }
 
-    /// Whether `session` may hold one more object.
+    /// Whether `session` may hold one more object, and the node keep one more hold.
     fn check_holds(&self, session: &SessionId) -> Result<(), Status> {
+        if self.holds >= self.config.max_holds as u64 {
+            return Err(Status::resource_exhausted(format!(
+                "the memory node keeps {} holds, its limit: release objects no longer needed, \
+                 or close sessions",
+                self.holds
+            )));
+        }
         let holds = self.sessions.get(session).map_or(0, |s| s.holds.len());
         if holds >= self.config.max_holds_per_session {
             return Err(Status::resource_exhausted(format!(

@@ -21,6 +21,7 @@ fn node(capacity_pages: u64) -> State {
         max_object_bytes: 64 * PAGE,
         max_objects: 100,
         max_holds_per_session: 10,
+        ..MemNodeConfig::default()
     })
     .unwrap()
 }
@@ -175,6 +176,43 @@ fn every_bound_refuses_with_resource_exhausted() {
         "holds per session"
     );
     assert_eq!(state.stats().pages, 0, "empty objects take no page");
+}
+
+#[test]
+fn holds_and_empty_objects_are_bounded_node_wide() {
+    let now = Instant::now();
+    let mut state = State::new(MemNodeConfig {
+        capacity_bytes: 0,
+        lease: LEASE,
+        max_objects: 3,
+        max_holds: 5,
+        ..MemNodeConfig::default()
+    })
+    .unwrap();
+    let owner = state.open("owner", now).unwrap();
+    let empty: Vec<_> = (0..3)
+        .map(|_| state.commit_put(&owner, 0, Vec::new(), now).unwrap())
+        .collect();
+    let refused = state.commit_put(&owner, 0, Vec::new(), now).unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(refused.message().contains("3 objects"), "{refused:?}");
+
+    let other = state.open("other", now).unwrap();
+    state.retain(&other, &empty[0], now).unwrap();
+    state.retain(&other, &empty[1], now).unwrap();
+    let refused = state.retain(&other, &empty[2], now).unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(refused.message().contains("5 holds"), "{refused:?}");
+    // Other sessions share the bound: a new one may hold nothing more either.
+    let third = state.open("third", now).unwrap();
+    assert_eq!(
+        code(state.retain(&third, &empty[2], now)),
+        Code::ResourceExhausted
+    );
+    state.release(&owner, &empty[0], now).unwrap();
+    state.retain(&third, &empty[2], now).unwrap();
+    let stats = state.stats();
+    assert_eq!((stats.objects, stats.holds, stats.pages), (3, 5, 0));
 }
 
 #[test]
