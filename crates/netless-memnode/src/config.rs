@@ -28,6 +28,11 @@ pub struct MemNodeConfig {
     pub lease: Duration,
     /// Sessions open at once.
     pub max_sessions: usize,
+    /// Sessions open at once from one client, told by the IP address of its connection
+    /// (`Open` asks for no credential, so this is what keeps one client from taking every
+    /// session). Clients whose address the transport does not give, as over netless,
+    /// count as one client.
+    pub max_sessions_per_peer: usize,
     /// The longest object.
     pub max_object_bytes: u64,
     /// Objects stored at once (an empty object takes no page, but takes one of these).
@@ -45,6 +50,7 @@ impl Default for MemNodeConfig {
             capacity_bytes: 1 << 30,
             lease: Duration::from_secs(10),
             max_sessions: 4096,
+            max_sessions_per_peer: 256,
             max_object_bytes: 256 << 20,
             max_objects: 1 << 20,
             max_holds: 1 << 20,

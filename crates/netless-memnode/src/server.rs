@@ -160,9 +160,11 @@ impl MemNodeRpc for MemNodeService {
         &self,
         request: Request<OpenRequest>,
     ) -> Result<Response<crate::proto::Session>, Status> {
+        // IPv4 clients reaching a dual-stack listener count as their IPv4 address.
+        let peer = request.remote_addr().map(|a| a.ip().to_canonical());
         let holder = request.into_inner().holder;
         let mut state = self.state();
-        let id = state.open(&holder, Instant::now())?;
+        let id = state.open(&holder, peer, Instant::now())?;
         let lease_ms = state.config().lease.as_millis() as u64;
         Ok(Response::new(crate::proto::Session {
             id: Bytes::copy_from_slice(&id),

@@ -1,7 +1,10 @@
 //! The node in this process, over TCP: what its clients may take, and how a view fetches.
 
+use netless_memnode::proto::mem_node_client::MemNodeClient;
+use netless_memnode::proto::OpenRequest;
 use netless_memnode::{MemNodeConfig, Session, PAGE_SIZE};
 use tonic::transport::Channel;
+use tonic::Code;
 
 /// A node with `config` on a free port of 127.0.0.1, and its address.
 async fn start(config: MemNodeConfig) -> std::net::SocketAddr {
@@ -12,11 +15,27 @@ async fn start(config: MemNodeConfig) -> std::net::SocketAddr {
 }
 
 async fn connect(addr: std::net::SocketAddr) -> Channel {
+    connect_from(addr, "127.0.0.1").await
+}
+
+/// A connection to `addr` from the loopback address `local` (any of 127.0.0.0/8).
+async fn connect_from(addr: std::net::SocketAddr, local: &str) -> Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
+        .local_address(Some(local.parse().unwrap()))
         .connect()
         .await
         .unwrap()
+}
+
+fn assert_refused<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, says: &str) {
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(says),
+        "`{}` does not say `{says}`",
+        status.message()
+    );
 }
 
 /// Bytes that differ from page to page and within each.
@@ -57,4 +76,33 @@ async fn a_view_fetches_a_large_object_a_batch_at_a_time() {
         "pages cached or written are not fetched"
     );
     assert!(session.read(&r).await.unwrap() == data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_every_session() {
+    let addr = start(MemNodeConfig {
+        max_sessions: 50,
+        max_sessions_per_peer: 3,
+        ..MemNodeConfig::default()
+    })
+    .await;
+    // Connections of their own do not make a client another one: its address does.
+    for _ in 0..3 {
+        let mut raw = MemNodeClient::new(connect(addr).await);
+        raw.open(OpenRequest {
+            holder: "hog".into(),
+        })
+        .await
+        .unwrap();
+    }
+    assert_refused(
+        Session::open(connect(addr).await, "hog").await,
+        Code::ResourceExhausted,
+        "3 sessions are open from 127.0.0.1, the limit per client",
+    );
+    let other = Session::open(connect_from(addr, "127.0.0.2").await, "other")
+        .await
+        .unwrap();
+    other.put(b"served").await.unwrap();
+    assert_eq!(other.node().stats().await.unwrap().sessions, 4);
 }
