@@ -1,8 +1,13 @@
 //! The node in this process, over TCP: what its clients may take, and how a view fetches.
 
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 use netless_memnode::proto::mem_node_client::MemNodeClient;
-use netless_memnode::proto::OpenRequest;
-use netless_memnode::{MemNodeConfig, Session, PAGE_SIZE};
+use netless_memnode::proto::{DeriveChunk, OpenRequest, PageWrite, PutChunk, SessionRequest};
+use netless_memnode::{MemNode, MemNodeConfig, Session, Stats, PAGE_SIZE};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -26,6 +31,19 @@ async fn connect_from(addr: std::net::SocketAddr, local: &str) -> Channel {
         .connect()
         .await
         .unwrap()
+}
+
+/// Polls the node's stats until `done` holds, for up to `timeout`.
+async fn wait_for(node: &MemNode<Channel>, timeout: Duration, done: impl Fn(&Stats) -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = node.stats().await.unwrap();
+        if done(&s) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not within {timeout:?}: {s:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn assert_refused<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, says: &str) {
@@ -105,4 +123,113 @@ async fn one_client_cannot_take_every_session() {
         .unwrap();
     other.put(b"served").await.unwrap();
     assert_eq!(other.node().stats().await.unwrap().sessions, 4);
+}
+
+/// A Put or Derive under way whose session is closed gives its reservation back at once:
+/// on its next chunk, or within a sweep period (a quarter lease, at most 1 s) if none
+/// comes, not a lease later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_session_ended_gives_its_reservation_back() {
+    let addr = start(MemNodeConfig::default()).await; // a lease of 10 s
+    let channel = connect(addr).await;
+    let node = MemNode::new(channel.clone());
+    let owner = Session::open(channel.clone(), "owner").await.unwrap();
+    let base = Bytes::copy_from_slice(&owner.put(&[5; 8 * PAGE_SIZE]).await.unwrap().to_bytes());
+    let write = |page| PageWrite {
+        page,
+        offset: 0,
+        data: Bytes::from_static(b"w"),
+    };
+
+    for (call, keep_sending) in [
+        ("put", true),
+        ("put", false),
+        ("derive", true),
+        ("derive", false),
+    ] {
+        let mut raw = MemNodeClient::new(channel.clone());
+        let id = raw
+            .open(OpenRequest {
+                holder: call.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .id;
+        let (put_tx, put_rx) = mpsc::channel(1);
+        let (derive_tx, derive_rx) = mpsc::channel(1);
+        let mut client = raw.clone();
+        let reply = tokio::spawn(async move {
+            if call == "put" {
+                client.put(ReceiverStream::new(put_rx)).await.map(|_| ())
+            } else {
+                client
+                    .derive(ReceiverStream::new(derive_rx))
+                    .await
+                    .map(|_| ())
+            }
+        });
+        if call == "put" {
+            let first = PutChunk {
+                session: id.clone(),
+                total_len: 1 << 20,
+                data: Bytes::from_static(b"p"),
+            };
+            put_tx.send(first).await.unwrap();
+        } else {
+            let first = DeriveChunk {
+                session: id.clone(),
+                base: base.clone(),
+                len: None,
+                writes: vec![write(0)],
+            };
+            derive_tx.send(first).await.unwrap();
+        }
+        wait_for(&node, Duration::from_secs(5), |s| s.reserved_bytes > 0).await;
+
+        raw.close(SessionRequest { session: id }).await.unwrap();
+        let started = Instant::now();
+        let sender = tokio::spawn(async move {
+            for i in 1..250u64 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let sent = if !keep_sending {
+                    Ok(())
+                } else if call == "put" {
+                    put_tx
+                        .send(PutChunk {
+                            data: Bytes::from_static(b"p"),
+                            ..PutChunk::default()
+                        })
+                        .await
+                        .map_err(drop)
+                } else {
+                    derive_tx
+                        .send(DeriveChunk {
+                            writes: vec![write(i % 8)],
+                            ..DeriveChunk::default()
+                        })
+                        .await
+                        .map_err(drop)
+                };
+                if sent.is_err() {
+                    return;
+                }
+            }
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(4), reply).await;
+        sender.abort();
+        let ended = ended.unwrap_or_else(|_| {
+            panic!("{call} (sending: {keep_sending}) still runs after its session closed")
+        });
+        assert_refused(ended.unwrap(), Code::Unauthenticated, "open a new one");
+        let s = node.stats().await.unwrap();
+        assert_eq!(
+            s.reserved_bytes,
+            0,
+            "{call} after {:?}: {s:?}",
+            started.elapsed()
+        );
+    }
+    let s = node.stats().await.unwrap();
+    assert_eq!((s.objects, s.sessions), (1, 1), "{s:?}");
 }
