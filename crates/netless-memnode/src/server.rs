@@ -70,8 +70,10 @@ impl MemNodeService {
     /// An empty node with a fresh incarnation and key.
     ///
     /// # Errors
-    /// If the system's random source fails.
+    /// `InvalidInput` if [`MemNodeConfig::validate`] refuses `config`, naming the field;
+    /// if the system's random source fails.
     pub fn new(config: MemNodeConfig) -> std::io::Result<MemNodeService> {
+        config.validate()?;
         let state = State::new(config)
             .map_err(|_| std::io::Error::other("the system's random source failed"))?;
         Ok(MemNodeService {
@@ -122,14 +124,17 @@ impl MemNodeService {
         session: &[u8],
     ) -> Result<Option<M>, Status> {
         let (lease, period) = (self.lease(), self.period());
-        let deadline = tokio::time::Instant::now() + lease;
+        // A validated lease is at most a day: the deadline is always there.
+        let deadline = tokio::time::Instant::now().checked_add(lease);
+        let expired = |now| deadline.is_some_and(|d| now >= d);
         loop {
-            let wait = period.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let now = tokio::time::Instant::now();
+            let wait = deadline.map_or(period, |d| period.min(d.saturating_duration_since(now)));
             let message = tokio::time::timeout(wait, stream.message()).await;
             self.state().session(session, Instant::now())?;
             match message {
                 Ok(message) => return message,
-                Err(_) if tokio::time::Instant::now() >= deadline => {
+                Err(_) if expired(tokio::time::Instant::now()) => {
                     return Err(Status::deadline_exceeded(format!(
                         "no chunk for {} ms (the lease): the call is abandoned; send chunks \
                          without pauses",
@@ -199,7 +204,7 @@ impl MemNodeRpc for MemNodeService {
         let holder = request.into_inner().holder;
         let mut state = self.state();
         let id = state.open(&holder, peer, Instant::now())?;
-        let lease_ms = state.config().lease.as_millis() as u64;
+        let lease_ms = u64::try_from(state.config().lease.as_millis()).unwrap_or(u64::MAX);
         Ok(Response::new(crate::proto::Session {
             id: Bytes::copy_from_slice(&id),
             lease_ms,
@@ -213,7 +218,7 @@ impl MemNodeRpc for MemNodeService {
         let mut state = self.state();
         state.keep_alive(&request.into_inner().session, Instant::now())?;
         Ok(Response::new(KeepAliveReply {
-            lease_ms: state.config().lease.as_millis() as u64,
+            lease_ms: u64::try_from(state.config().lease.as_millis()).unwrap_or(u64::MAX),
         }))
     }
 
@@ -385,7 +390,7 @@ impl Stream for PageStream {
 /// Serves a memory node on `listener` until the process ends (see [`serve_with_shutdown`]).
 ///
 /// # Errors
-/// If the random source fails or the server stops on an error.
+/// As [`MemNodeService::new`], or if the server stops on an error.
 pub async fn serve(listener: TcpListener, config: MemNodeConfig) -> std::io::Result<()> {
     serve_with_shutdown(listener, config, std::future::pending()).await
 }
@@ -409,7 +414,7 @@ pub async fn serve(listener: TcpListener, config: MemNodeConfig) -> std::io::Res
 /// ```
 ///
 /// # Errors
-/// If the random source fails or the server stops on an error.
+/// As [`MemNodeService::new`], or if the server stops on an error.
 pub async fn serve_with_shutdown(
     listener: TcpListener,
     config: MemNodeConfig,

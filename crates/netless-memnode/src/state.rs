@@ -121,6 +121,7 @@ impl State {
                  leases run out"
             )));
         }
+        let expires = self.expiry(now)?;
         let mut id = [0u8; SESSION_ID_LEN];
         self.keys
             .fill(&mut id)
@@ -130,7 +131,7 @@ impl State {
             SessionEntry {
                 holder: holder.to_owned(),
                 peer,
-                expires: now + self.config.lease,
+                expires,
                 holds: HashSet::new(),
             },
         );
@@ -159,10 +160,21 @@ impl State {
     /// Extends session `id` by a lease from `now`.
     pub(crate) fn keep_alive(&mut self, id: &[u8], now: Instant) -> Result<(), Status> {
         let id = self.session(id, now)?;
+        let expires = self.expiry(now)?;
         if let Some(entry) = self.sessions.get_mut(&id) {
-            entry.expires = now + self.config.lease;
+            entry.expires = expires;
         }
         Ok(())
+    }
+
+    /// When a session kept alive at `now` expires.
+    fn expiry(&self, now: Instant) -> Result<Instant, Status> {
+        // MemNodeConfig::validate keeps the lease to a day; this is for a State made without.
+        now.checked_add(self.config.lease).ok_or_else(|| {
+            Status::internal(
+                "the memory node's lease is too long for its clock: configure at most a day",
+            )
+        })
     }
 
     /// Ends session `id`; returns how many holds it released.

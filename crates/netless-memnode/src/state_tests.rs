@@ -222,6 +222,18 @@ fn one_client_takes_at_most_its_share_of_sessions() {
 }
 
 #[test]
+fn a_lease_too_long_for_the_clock_is_refused_not_a_panic() {
+    let now = Instant::now();
+    let mut state = State::new(MemNodeConfig {
+        lease: Duration::MAX,
+        ..MemNodeConfig::default()
+    })
+    .unwrap();
+    assert_eq!(code(state.open("x", None, now)), Code::Internal);
+    assert_eq!(state.stats().sessions, 0);
+}
+
+#[test]
 fn holds_and_empty_objects_are_bounded_node_wide() {
     let now = Instant::now();
     let mut state = State::new(MemNodeConfig {
