@@ -441,6 +441,52 @@ fn a_full_node_refuses_and_recovers_after_release() {
     node.stop(Signal::TERM);
 }
 
+#[test]
+fn the_node_bounds_each_client_and_all_holds() {
+    let (node, addr) = start_node(&["--max-sessions-per-peer", "2", "--max-holds", "3"]);
+    runtime().block_on(async {
+        let first = Session::open(connect(&addr).await, "first").await.unwrap();
+        let second = Session::open(connect(&addr).await, "second").await.unwrap();
+        assert_refused(
+            Session::open(connect(&addr).await, "third").await,
+            Code::ResourceExhausted,
+            "2 sessions are open from 127.0.0.1, the limit per client",
+        );
+        let r = first.put(b"one").await.unwrap();
+        first.put(&[]).await.unwrap();
+        second.retain(&r).await.unwrap();
+        assert_refused(
+            first.put(&[]).await,
+            Code::ResourceExhausted,
+            "keeps 3 holds, its limit",
+        );
+        second.release(&r).await.unwrap();
+        first.put(&[]).await.unwrap();
+        let s = stats(first.node()).await;
+        assert_eq!((s.sessions, s.objects, s.holds), (2, 3, 3), "{s:?}");
+        second.close().await.unwrap();
+        Session::open(connect(&addr).await, "third").await.unwrap();
+    });
+    node.stop(Signal::TERM);
+
+    // A configuration the node cannot run: refused before it listens, naming the field.
+    for flags in [
+        &["--lease", "1441m"][..],
+        &["--max-holds", "0"],
+        &["--capacity", "0"],
+    ] {
+        let out = Command::new(BIN)
+            .args(["memnode", "--listen", "127.0.0.1:0"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{flags:?}: printed a readiness line");
+        assert!(stderr.contains("MemNodeConfig::"), "{flags:?}: {stderr}");
+    }
+}
+
 /// Entry point of the client process the kill test spawns (run only by it, via
 /// `--ignored`): puts and derives objects, then starts a Put it never finishes, prints
 /// `CLIENT READY` and waits to be killed.

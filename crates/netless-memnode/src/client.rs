@@ -1,7 +1,8 @@
 //! The client: [`MemNode`], what anyone with a reference may do (read, stats), and
 //! [`Session`], a holder of objects kept alive by a task that sends KeepAlive every third
 //! of the lease. Both are generic over the tonic transport. The client never trusts a
-//! length it did not check with the node: a reference's length bounds no allocation.
+//! length the node has not vouched for: a reference's length sizes nothing until the node
+//! has accepted the reference (its MAC covers the length).
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,11 +13,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::client::GrpcService;
 use tonic::codegen::{Body, StdError};
-use tonic::{Code, Status};
+use tonic::{Code, Status, Streaming};
 
 use crate::proto::mem_node_client::MemNodeClient;
 use crate::proto::{
-    DeriveChunk, HoldRequest, OpenRequest, PageWrite, PutChunk, ReadRequest, Reference,
+    DeriveChunk, HoldRequest, OpenRequest, PageWrite, PutChunk, ReadChunk, ReadRequest, Reference,
     SessionRequest, StatsRequest,
 };
 use crate::PAGE_SIZE;
@@ -56,10 +57,6 @@ impl<T> Transport for T where
 pub struct MemNode<T> {
     client: MemNodeClient<T>,
 }
-
-/// The most bytes preallocated for a read: a reference's length is only as true as the node
-/// says, and a forged one must not make the reader allocate.
-const MAX_PREALLOCATION: u64 = 16 << 20;
 
 impl<T: Transport> MemNode<T> {
     /// A client of the node at the other end of `transport`.
@@ -105,6 +102,9 @@ impl<T: Transport> MemNode<T> {
     /// Pages `pages` of the object, concatenated (the object's last page may be short).
     /// Only those pages travel.
     ///
+    /// The buffer is sized only once the node has accepted the reference (its MAC covers
+    /// the length), so a forged length costs one refused call, not an allocation.
+    ///
     /// # Errors
     /// `OUT_OF_RANGE` if `pages` reaches past the object; otherwise as [`MemNode::read`].
     pub async fn read_pages(
@@ -112,14 +112,15 @@ impl<T: Transport> MemNode<T> {
         reference: &RemoteRef,
         pages: Range<u64>,
     ) -> Result<Vec<u8>, Status> {
-        let wanted = pages
-            .end
-            .saturating_sub(pages.start)
-            .saturating_mul(PAGE_SIZE as u64);
-        let mut out =
-            Vec::with_capacity(wanted.min(reference.len()).min(MAX_PREALLOCATION) as usize);
-        for page in self.page_list(reference, pages).await? {
-            out.extend_from_slice(&page);
+        let Some(mut reading) = self.start_read(reference, &pages).await? else {
+            return Ok(Vec::new());
+        };
+        let wanted = reading.count.saturating_mul(PAGE_SIZE as u64);
+        let mut out = Vec::with_capacity(usize::try_from(wanted.min(reference.len())).unwrap_or(0));
+        while let Some(chunk) = reading.next().await? {
+            for page in chunk {
+                out.extend_from_slice(&page);
+            }
         }
         Ok(out)
     }
@@ -130,11 +131,28 @@ impl<T: Transport> MemNode<T> {
         reference: &RemoteRef,
         pages: Range<u64>,
     ) -> Result<Vec<Bytes>, Status> {
-        if pages.start >= pages.end {
+        let Some(mut reading) = self.start_read(reference, &pages).await? else {
             return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        while let Some(chunk) = reading.next().await? {
+            out.extend(chunk);
+        }
+        Ok(out)
+    }
+
+    /// Asks for pages `pages`; `None` if there are none. Returns once the node has checked
+    /// the reference and the range: what the reply's first message proves.
+    async fn start_read(
+        &self,
+        reference: &RemoteRef,
+        pages: &Range<u64>,
+    ) -> Result<Option<Reading>, Status> {
+        if pages.start >= pages.end {
+            return Ok(None);
         }
         let count = pages.end - pages.start;
-        let mut stream = self
+        let stream = self
             .client()
             .read(ReadRequest {
                 reference: Bytes::copy_from_slice(&reference.to_bytes()),
@@ -143,27 +161,12 @@ impl<T: Transport> MemNode<T> {
             })
             .await?
             .into_inner();
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.message().await? {
-            let expected = pages.start + out.len() as u64;
-            if chunk.first_page != expected
-                || out.len() as u64 + chunk.pages.len() as u64 > count
-                || chunk.pages.iter().any(|p| p.len() > PAGE_SIZE)
-            {
-                return Err(Status::internal(format!(
-                    "the memory node sent pages out of order (page {} where {expected} was due)",
-                    chunk.first_page
-                )));
-            }
-            out.extend(chunk.pages);
-        }
-        if out.len() as u64 != count {
-            return Err(Status::unavailable(format!(
-                "the memory node's reply ended after {} of {count} pages: retry",
-                out.len()
-            )));
-        }
-        Ok(out)
+        Ok(Some(Reading {
+            stream,
+            first: pages.start,
+            count,
+            received: 0,
+        }))
     }
 
     /// What the node holds now.
@@ -172,6 +175,43 @@ impl<T: Transport> MemNode<T> {
     /// Transport failures.
     pub async fn stats(&self) -> Result<Stats, Status> {
         Ok(self.client().stats(StatsRequest {}).await?.into_inner())
+    }
+}
+
+/// A Read the node accepted: its chunks, checked to arrive in order and to add up to the
+/// pages asked for.
+#[derive(Debug)]
+struct Reading {
+    stream: Streaming<ReadChunk>,
+    first: u64,
+    count: u64,
+    received: u64,
+}
+
+impl Reading {
+    /// The next chunk's pages; `None` once all have arrived.
+    async fn next(&mut self) -> Result<Option<Vec<Bytes>>, Status> {
+        let Some(chunk) = self.stream.message().await? else {
+            if self.received != self.count {
+                return Err(Status::unavailable(format!(
+                    "the memory node's reply ended after {} of {} pages: retry",
+                    self.received, self.count
+                )));
+            }
+            return Ok(None);
+        };
+        let expected = self.first + self.received;
+        if chunk.first_page != expected
+            || self.received + chunk.pages.len() as u64 > self.count
+            || chunk.pages.iter().any(|p| p.len() > PAGE_SIZE)
+        {
+            return Err(Status::internal(format!(
+                "the memory node sent pages out of order (page {} where {expected} was due)",
+                chunk.first_page
+            )));
+        }
+        self.received += chunk.pages.len() as u64;
+        Ok(Some(chunk.pages))
     }
 }
 

@@ -23,6 +23,12 @@
 //! `INVALID_ARGUMENT`. Anyone with a valid reference may read its object; only sessions
 //! hold objects.
 //!
+//! **Who may reach it.** `Open` asks for no credential: anyone who reaches the node can
+//! open sessions and fill it up to its capacity. Bounds per client address
+//! ([`MemNodeConfig::max_sessions_per_peer`]) and over all sessions keep one client from
+//! taking everything, not a stranger from taking a share: serve the node on a network
+//! only the services' hosts share.
+//!
 //! The client works over any tonic transport: `tonic::transport::Channel` across hosts,
 //! `netless_grpc::Channel` on the node's own host.
 //!

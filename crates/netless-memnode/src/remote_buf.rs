@@ -14,6 +14,10 @@ use crate::{RemoteRef, PAGE_SIZE};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
+/// The most pages one Read of a view asks for (4 MiB): the size of the list of pages it
+/// builds at once.
+const PAGES_PER_FETCH: u64 = 1024;
+
 #[derive(Debug)]
 enum Page {
     /// As fetched: the object's bytes.
@@ -66,7 +70,8 @@ impl<T: Transport> RemoteBuf<T> {
         }
     }
 
-    /// The object's length in bytes.
+    /// The object's length in bytes, as the reference says (the node checks it on the first
+    /// fetch).
     pub fn len(&self) -> u64 {
         self.base.len()
     }
@@ -96,6 +101,11 @@ impl<T: Transport> RemoteBuf<T> {
 
     /// Bytes `range` of the object, as this view sees them (its own writes included).
     ///
+    /// The pages missing from the cache are fetched a run at a time, at most 1024 pages
+    /// (4 MiB) a call, and the reply is sized only once they are: the node checks the
+    /// reference on the first call, so a forged length costs one refused call and nothing
+    /// in proportion to it.
+    ///
     /// # Errors
     /// `OUT_OF_RANGE` if `range` reaches past the object; the node's refusal of the
     /// reference; transport failures.
@@ -106,7 +116,9 @@ impl<T: Transport> RemoteBuf<T> {
         }
         let pages = range.start / PAGE..range.end.div_ceil(PAGE);
         self.fetch(pages.clone()).await?;
-        let mut out = Vec::with_capacity((range.end - range.start) as usize);
+        // Every page of the range is in the cache now, fetched (the node accepted the
+        // reference) or written: the range is no longer than memory already held.
+        let mut out = Vec::with_capacity(usize::try_from(range.end - range.start).unwrap_or(0));
         for (&i, page) in self.pages.range(pages) {
             let from = range.start.saturating_sub(i * PAGE) as usize;
             let to = ((range.end - i * PAGE).min(PAGE) as usize).min(page.bytes().len());
@@ -212,15 +224,19 @@ impl<T: Transport> RemoteBuf<T> {
         self.len().saturating_sub(i * PAGE).min(PAGE)
     }
 
-    /// Fetches the pages of `pages` not in the cache, a run of adjacent ones per call.
+    /// Fetches the pages of `pages` not in the cache, a run of adjacent ones per call and
+    /// at most [`PAGES_PER_FETCH`] a call. Each run is found when it is fetched, by walking
+    /// the cache, so nothing here grows with the range: until the node has accepted the
+    /// reference (the first call does), its length has cost nothing.
     async fn fetch(&mut self, pages: Range<u64>) -> Result<(), Status> {
-        let missing: Vec<u64> = pages.filter(|i| !self.pages.contains_key(i)).collect();
-        let mut missing = missing.into_iter().peekable();
-        while let Some(start) = missing.next() {
-            let mut end = start + 1;
-            while missing.next_if_eq(&end).is_some() {
-                end += 1;
-            }
+        let mut next = pages.start;
+        while let Some(start) = self.first_missing(next..pages.end) {
+            let limit = pages.end.min(start.saturating_add(PAGES_PER_FETCH));
+            let end = self
+                .pages
+                .range(start..limit)
+                .next()
+                .map_or(limit, |(&cached, _)| cached);
             let fetched = self
                 .session
                 .node()
@@ -237,7 +253,20 @@ impl<T: Transport> RemoteBuf<T> {
                 self.pages.insert(i, Page::Clean(page));
                 self.fetched += 1;
             }
+            next = end;
         }
         Ok(())
+    }
+
+    /// The first page of `pages` not in the cache: a walk over the cached ones before it.
+    fn first_missing(&self, pages: Range<u64>) -> Option<u64> {
+        let mut at = pages.start;
+        for &cached in self.pages.range(pages.clone()).map(|(i, _)| i) {
+            if cached != at {
+                break;
+            }
+            at += 1;
+        }
+        (at < pages.end).then_some(at)
     }
 }

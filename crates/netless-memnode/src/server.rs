@@ -5,7 +5,8 @@
 //! Every call takes the state's lock for one short synchronous step (never across an
 //! await): page data is copied and streamed outside it. A sweeper task closes the sessions
 //! whose lease ran out. Nothing a client sends or fails to send makes the node panic or
-//! wait for it: a stalled Put or Derive is abandoned after a lease without a chunk.
+//! wait for it: a stalled Put or Derive is abandoned after a lease without a chunk, and
+//! one whose session has ended within a sweep period.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -69,8 +70,10 @@ impl MemNodeService {
     /// An empty node with a fresh incarnation and key.
     ///
     /// # Errors
-    /// If the system's random source fails.
+    /// `InvalidInput` if [`MemNodeConfig::validate`] refuses `config`, naming the field;
+    /// if the system's random source fails.
     pub fn new(config: MemNodeConfig) -> std::io::Result<MemNodeService> {
+        config.validate()?;
         let state = State::new(config)
             .map_err(|_| std::io::Error::other("the system's random source failed"))?;
         Ok(MemNodeService {
@@ -97,14 +100,50 @@ impl MemNodeService {
         self.shared.lock().config().lease
     }
 
+    /// How often the sweeper runs, and a Put or Derive waiting for a chunk looks at its
+    /// session: a quarter lease, from 10 ms to 1 s.
+    fn period(&self) -> Duration {
+        (self.lease() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
     /// Starts the sweeper on the current runtime, once: the first call starts it, as the
     /// node may be built before any runtime exists.
     fn start_sweeper(&self) {
         self.shared.sweeper.call_once(|| {
-            let period =
-                (self.lease() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-            tokio::spawn(sweep(Arc::downgrade(&self.shared), period));
+            tokio::spawn(sweep(Arc::downgrade(&self.shared), self.period()));
         });
+    }
+
+    /// The next chunk of a Put or Derive of `session`, which must still be open: checked
+    /// on each chunk and every period while waiting, so a call whose session was closed or
+    /// expired ends, and gives its reservation back, within a period. A lease without a
+    /// chunk abandons the call.
+    async fn next_chunk<M>(
+        &self,
+        stream: &mut Streaming<M>,
+        session: &[u8],
+    ) -> Result<Option<M>, Status> {
+        let (lease, period) = (self.lease(), self.period());
+        // A validated lease is at most a day: the deadline is always there.
+        let deadline = tokio::time::Instant::now().checked_add(lease);
+        let expired = |now| deadline.is_some_and(|d| now >= d);
+        loop {
+            let now = tokio::time::Instant::now();
+            let wait = deadline.map_or(period, |d| period.min(d.saturating_duration_since(now)));
+            let message = tokio::time::timeout(wait, stream.message()).await;
+            self.state().session(session, Instant::now())?;
+            match message {
+                Ok(message) => return message,
+                Err(_) if expired(tokio::time::Instant::now()) => {
+                    return Err(Status::deadline_exceeded(format!(
+                        "no chunk for {} ms (the lease): the call is abandoned; send chunks \
+                         without pauses",
+                        lease.as_millis()
+                    )))
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// The lock, after making sure the sweeper runs.
@@ -137,8 +176,8 @@ fn reference(r: RemoteRef) -> Response<Reference> {
     })
 }
 
-/// The next message of a client stream; a lease without one abandons the call.
-async fn next<M>(stream: &mut Streaming<M>, lease: Duration) -> Result<Option<M>, Status> {
+/// The first message of a client stream; a lease without one abandons the call.
+async fn first_chunk<M>(stream: &mut Streaming<M>, lease: Duration) -> Result<Option<M>, Status> {
     match tokio::time::timeout(lease, stream.message()).await {
         Ok(message) => message,
         Err(_) => Err(Status::deadline_exceeded(format!(
@@ -160,10 +199,12 @@ impl MemNodeRpc for MemNodeService {
         &self,
         request: Request<OpenRequest>,
     ) -> Result<Response<crate::proto::Session>, Status> {
+        // IPv4 clients reaching a dual-stack listener count as their IPv4 address.
+        let peer = request.remote_addr().map(|a| a.ip().to_canonical());
         let holder = request.into_inner().holder;
         let mut state = self.state();
-        let id = state.open(&holder, Instant::now())?;
-        let lease_ms = state.config().lease.as_millis() as u64;
+        let id = state.open(&holder, peer, Instant::now())?;
+        let lease_ms = u64::try_from(state.config().lease.as_millis()).unwrap_or(u64::MAX);
         Ok(Response::new(crate::proto::Session {
             id: Bytes::copy_from_slice(&id),
             lease_ms,
@@ -177,7 +218,7 @@ impl MemNodeRpc for MemNodeService {
         let mut state = self.state();
         state.keep_alive(&request.into_inner().session, Instant::now())?;
         Ok(Response::new(KeepAliveReply {
-            lease_ms: state.config().lease.as_millis() as u64,
+            lease_ms: u64::try_from(state.config().lease.as_millis()).unwrap_or(u64::MAX),
         }))
     }
 
@@ -195,9 +236,8 @@ impl MemNodeRpc for MemNodeService {
         &self,
         request: Request<Streaming<PutChunk>>,
     ) -> Result<Response<Reference>, Status> {
-        let lease = self.lease();
         let mut stream = request.into_inner();
-        let first = next(&mut stream, lease)
+        let first = first_chunk(&mut stream, self.lease())
             .await?
             .ok_or_else(|| Status::invalid_argument("a Put without a chunk"))?;
         let (session, total) = (first.session, first.total_len);
@@ -218,7 +258,7 @@ impl MemNodeRpc for MemNodeService {
                 )));
             }
             pages.push(&data)?;
-            match next(&mut stream, lease).await? {
+            match self.next_chunk(&mut stream, &session).await? {
                 Some(chunk) if chunk.session.is_empty() && chunk.total_len == 0 => {
                     data = chunk.data;
                 }
@@ -252,9 +292,8 @@ impl MemNodeRpc for MemNodeService {
         &self,
         request: Request<Streaming<DeriveChunk>>,
     ) -> Result<Response<Reference>, Status> {
-        let lease = self.lease();
         let mut stream = request.into_inner();
-        let first = next(&mut stream, lease)
+        let first = first_chunk(&mut stream, self.lease())
             .await?
             .ok_or_else(|| Status::invalid_argument("a Derive without a chunk"))?;
         let base = decode(&first.base)?;
@@ -277,7 +316,7 @@ impl MemNodeRpc for MemNodeService {
                 )));
             }
             pages.apply(&writes)?;
-            match next(&mut stream, lease).await? {
+            match self.next_chunk(&mut stream, &session).await? {
                 Some(chunk)
                     if chunk.session.is_empty() && chunk.base.is_empty() && chunk.len.is_none() =>
                 {
@@ -351,7 +390,7 @@ impl Stream for PageStream {
 /// Serves a memory node on `listener` until the process ends (see [`serve_with_shutdown`]).
 ///
 /// # Errors
-/// If the random source fails or the server stops on an error.
+/// As [`MemNodeService::new`], or if the server stops on an error.
 pub async fn serve(listener: TcpListener, config: MemNodeConfig) -> std::io::Result<()> {
     serve_with_shutdown(listener, config, std::future::pending()).await
 }
@@ -375,7 +414,7 @@ pub async fn serve(listener: TcpListener, config: MemNodeConfig) -> std::io::Res
 /// ```
 ///
 /// # Errors
-/// If the random source fails or the server stops on an error.
+/// As [`MemNodeService::new`], or if the server stops on an error.
 pub async fn serve_with_shutdown(
     listener: TcpListener,
     config: MemNodeConfig,

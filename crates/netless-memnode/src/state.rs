@@ -5,6 +5,7 @@
 //! says what happened and what to do, and names nothing of another session.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -35,9 +36,14 @@ struct Object {
 #[derive(Debug)]
 struct SessionEntry {
     holder: String,
+    peer: Peer,
     expires: Instant,
     holds: HashSet<u64>,
 }
+
+/// Who opened a session: the IP address of its connection, `None` if the transport does
+/// not say (all such clients count as one).
+pub(crate) type Peer = Option<IpAddr>;
 
 /// The node's state; the server keeps it behind one mutex.
 #[derive(Debug)]
@@ -49,6 +55,8 @@ pub(crate) struct State {
     objects: HashMap<u64, Object>,
     next_object: u64,
     sessions: HashMap<SessionId, SessionEntry>,
+    /// Sessions open per peer (no entry: none).
+    peers: HashMap<Peer, usize>,
     holds: u64,
     reserved_pages: u64,
     pages_read: u64,
@@ -68,6 +76,7 @@ impl State {
             objects: HashMap::new(),
             next_object: 1,
             sessions: HashMap::new(),
+            peers: HashMap::new(),
             holds: 0,
             reserved_pages: 0,
             pages_read: 0,
@@ -78,8 +87,14 @@ impl State {
         &self.config
     }
 
-    /// A new session for `holder`, alive until `now` + lease unless kept alive.
-    pub(crate) fn open(&mut self, holder: &str, now: Instant) -> Result<SessionId, Status> {
+    /// A new session for `holder`, opened by `peer`, alive until `now` + lease unless kept
+    /// alive.
+    pub(crate) fn open(
+        &mut self,
+        holder: &str,
+        peer: Peer,
+        now: Instant,
+    ) -> Result<SessionId, Status> {
         if holder.len() > MAX_HOLDER_LEN {
             return Err(Status::invalid_argument(format!(
                 "the holder label is {} bytes, over the limit of {MAX_HOLDER_LEN}: use a shorter name",
@@ -94,6 +109,19 @@ impl State {
                 self.sessions.len()
             )));
         }
+        let from_peer = self.peers.get(&peer).copied().unwrap_or(0);
+        if from_peer >= self.config.max_sessions_per_peer {
+            let from = peer.map_or_else(
+                || "clients of unknown address (over netless, say), which count as one".to_owned(),
+                |ip| ip.to_string(),
+            );
+            return Err(Status::resource_exhausted(format!(
+                "{from_peer} sessions are open from {from}, the limit per client: close \
+                 sessions no longer used (one session holds many objects), or retry when \
+                 leases run out"
+            )));
+        }
+        let expires = self.expiry(now)?;
         let mut id = [0u8; SESSION_ID_LEN];
         self.keys
             .fill(&mut id)
@@ -102,10 +130,12 @@ impl State {
             id,
             SessionEntry {
                 holder: holder.to_owned(),
-                expires: now + self.config.lease,
+                peer,
+                expires,
                 holds: HashSet::new(),
             },
         );
+        *self.peers.entry(peer).or_default() += 1;
         Ok(id)
     }
 
@@ -130,10 +160,21 @@ impl State {
     /// Extends session `id` by a lease from `now`.
     pub(crate) fn keep_alive(&mut self, id: &[u8], now: Instant) -> Result<(), Status> {
         let id = self.session(id, now)?;
+        let expires = self.expiry(now)?;
         if let Some(entry) = self.sessions.get_mut(&id) {
-            entry.expires = now + self.config.lease;
+            entry.expires = expires;
         }
         Ok(())
+    }
+
+    /// When a session kept alive at `now` expires.
+    fn expiry(&self, now: Instant) -> Result<Instant, Status> {
+        // MemNodeConfig::validate keeps the lease to a day; this is for a State made without.
+        now.checked_add(self.config.lease).ok_or_else(|| {
+            Status::internal(
+                "the memory node's lease is too long for its clock: configure at most a day",
+            )
+        })
     }
 
     /// Ends session `id`; returns how many holds it released.
@@ -160,10 +201,17 @@ impl State {
         let Some(entry) = self.sessions.remove(id) else {
             return 0;
         };
+        if let Some(count) = self.peers.get_mut(&entry.peer) {
+            *count -= 1;
+            if *count == 0 {
+                self.peers.remove(&entry.peer);
+            }
+        }
         let released = entry.holds.len() as u64;
         if expired {
+            // Escaped: a label is the client's text, and may hold newlines or escapes.
             tracing::info!(
-                holder = %entry.holder,
+                holder = ?entry.holder,
                 released,
                 "memory node: a session's lease ran out; its holds are released"
             );
@@ -370,8 +418,15 @@ impl State {
         self.check_holds(session)
     }
 
-    /// Whether `session` may hold one more object.
+    /// Whether `session` may hold one more object, and the node keep one more hold.
     fn check_holds(&self, session: &SessionId) -> Result<(), Status> {
+        if self.holds >= self.config.max_holds as u64 {
+            return Err(Status::resource_exhausted(format!(
+                "the memory node keeps {} holds, its limit: release objects no longer needed, \
+                 or close sessions",
+                self.holds
+            )));
+        }
         let holds = self.sessions.get(session).map_or(0, |s| s.holds.len());
         if holds >= self.config.max_holds_per_session {
             return Err(Status::resource_exhausted(format!(

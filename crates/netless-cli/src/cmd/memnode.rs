@@ -12,8 +12,9 @@ use netless_memnode::{MemNode, MemNodeConfig};
 
 /// Serve a memory node: objects of 4 KiB pages that sessions put, derive (copy-on-write)
 /// and hold, read by anyone with a reference. Prints `LISTENING tcp=ADDR` once bound;
-/// exits on SIGINT or SIGTERM. Anyone who can reach the address can open sessions and fill
-/// the node up to --capacity: listen on a network only the services' hosts share.
+/// exits on SIGINT or SIGTERM. Anyone who can reach the address can open sessions (up to
+/// --max-sessions-per-peer from one address) and fill the node up to --capacity: listen on
+/// a network only the services' hosts share.
 #[derive(clap::Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
@@ -26,12 +27,20 @@ pub struct Args {
     /// Pages held at most, in MiB (Puts and Derives under way included).
     #[arg(long, value_name = "MiB", default_value_t = 1024)]
     pub capacity: u64,
-    /// A session with no KeepAlive for this long loses its holds (`500ms`, `10s`, `1m`).
+    /// A session with no KeepAlive for this long loses its holds (`500ms`, `10s`, `1m`;
+    /// from 10 ms to a day).
     #[arg(long, default_value = "10s", value_parser = parse_lease)]
     pub lease: Duration,
     /// Sessions open at once.
     #[arg(long, default_value_t = MemNodeConfig::default().max_sessions)]
     pub max_sessions: usize,
+    /// Sessions open at once from one client IP address (clients over netless, whose
+    /// address is unknown, count as one).
+    #[arg(long, default_value_t = MemNodeConfig::default().max_sessions_per_peer)]
+    pub max_sessions_per_peer: usize,
+    /// Holds (a session holding an object) at once, over all sessions.
+    #[arg(long, default_value_t = MemNodeConfig::default().max_holds)]
+    pub max_holds: usize,
     /// The longest object, in MiB.
     #[arg(long, value_name = "MiB", default_value_t = MemNodeConfig::default().max_object_bytes >> 20)]
     pub max_object: u64,
@@ -86,9 +95,13 @@ async fn serve(args: &Args) -> anyhow::Result<ExitCode> {
         capacity_bytes: args.capacity.saturating_mul(1 << 20),
         lease: args.lease,
         max_sessions: args.max_sessions,
+        max_sessions_per_peer: args.max_sessions_per_peer,
+        max_holds: args.max_holds,
         max_object_bytes: args.max_object.saturating_mul(1 << 20),
         ..MemNodeConfig::default()
     };
+    // Before binding: a node that cannot run prints no readiness line.
+    config.validate().context("the node's flags")?;
     // Before the readiness line: a signal sent as soon as it is read must find its handler.
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate())?;
