@@ -197,7 +197,8 @@ impl tonic::codegen::tokio_stream::Stream for Notes {
 ///   `release` (`OK released`);
 /// - `cancel`: reads a few features of a long stream and drops it (`OK cancelled`);
 /// - `hello N`: N calls, each printed as `HELLO CODE REMOTE MILLISECONDS MESSAGE`, then
-///   `DONE`.
+///   `DONE`;
+/// - `cross`: calls RouteGuide's `GetFeature` through the Greeter's service (`CROSS CODE`).
 fn client_main() {
     if std::env::var_os("NETLESS_EGRESS_CLIENT").is_none() {
         return;
@@ -251,6 +252,10 @@ fn client_main() {
                 runtime.block_on(cancel(guide()));
                 println!("OK cancelled");
             }
+            Some("cross") => {
+                let code = runtime.block_on(cross());
+                println!("CROSS {code:?}");
+            }
             Some("hello") => {
                 let n: usize = words.next().unwrap().parse().unwrap();
                 for _ in 0..n {
@@ -282,6 +287,24 @@ async fn hello(mut greeter: GreeterClient<Channel>) -> String {
             format!("HELLO Ok {remote} {ms} {}", reply.into_inner().message)
         }
         Err(status) => format!("HELLO {:?} - {ms} {}", status.code(), status.message()),
+    }
+}
+
+/// The code of a `GetFeature` call sent to the Greeter's netless service.
+async fn cross() -> tonic::Code {
+    let channel = netless_grpc::Channel::connect(GREETER).unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let outcome = grpc
+        .unary(
+            tonic::Request::new(netless_examples::routeguide::grid_point(7)),
+            "/routeguide.RouteGuide/GetFeature".parse().unwrap(),
+            tonic_prost::ProstCodec::<Point, netless_examples::routeguide_pb::Feature>::default(),
+        )
+        .await;
+    match outcome {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => status.code(),
     }
 }
 
@@ -589,6 +612,22 @@ fn every_kind_of_call_reaches_the_remote_and_the_caller_holds_no_tcp_socket() {
             .iter()
             .any(|s| matches!(s.kind, SocketKind::Tcp | SocketKind::Tcp6)),
         "the gateway holds no TCP socket: {gateway_sockets:?}"
+    );
+}
+
+#[test]
+fn a_caller_reaches_only_its_services_methods() {
+    let dir = TestDir::new("egress-reach");
+    let (_remote, address) = remote("a", "127.0.0.1:0", None);
+    let _gateway = gateway(&dir, &["--egress", &format!("{GREETER}=http://{address}")]);
+    let mut client = Client::start(&dir);
+    // The remote serves RouteGuide too; the Greeter's egress leads only to the Greeter.
+    client.send("cross");
+    assert_eq!(client.expect("CROSS ", COMMAND), "CROSS Unimplemented");
+    let calls = client.hello(1);
+    assert!(
+        calls.iter().all(|c| c.code == "Ok" && c.remote == "a"),
+        "{calls:?}"
     );
 }
 

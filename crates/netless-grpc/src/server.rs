@@ -23,7 +23,8 @@ use tower::ServiceExt as _;
 use tower_service::Service;
 
 use crate::mapping::{
-    append_headers, format_grpc_timeout, frame_now, trailers_to_metadata, GRPC_TIMEOUT,
+    append_headers, format_grpc_timeout, frame_now, method_of, trailers_to_metadata,
+    unknown_method, GRPC_TIMEOUT,
 };
 use crate::protocol::{
     split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
@@ -233,6 +234,7 @@ impl GrpcServer {
             .into_iter()
             .map(|(name, service)| {
                 let shared = Arc::new(Shared {
+                    name,
                     service,
                     sessions: sessions.clone(),
                     runtime: runtime.handle().clone(),
@@ -406,6 +408,8 @@ type GrpcService = tower::util::BoxCloneSyncService<
 >;
 
 struct Shared {
+    /// The service's name: every call's path is `/{name}/{method}`.
+    name: &'static str,
     service: GrpcService,
     sessions: Arc<Sessions>,
     runtime: tokio::runtime::Handle,
@@ -613,9 +617,12 @@ impl Shared {
         if let Some(deadline) = req.deadline {
             headers.insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
         }
-        let uri: http::Uri = req.method.parse().map_err(|_| {
-            Status::invalid_argument(format!("`{}` is not a gRPC path", req.method))
-        })?;
+        // The service routes by path: only a path to one of this service's methods goes in.
+        let unknown = || unknown_method(req.method, self.name);
+        if method_of(req.method, self.name).is_none() {
+            return Err(unknown());
+        }
+        let uri: http::Uri = req.method.parse().map_err(|_| unknown())?;
         let mut request = http::Request::new(body);
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri;

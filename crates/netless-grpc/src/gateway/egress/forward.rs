@@ -1,5 +1,12 @@
 //! One egress call, as the tower service the netless server of an egress service runs.
 //!
+//! What goes to the remote is the egress service's own method: the request's path must be
+//! `/{service}/{method}`, `method` a plain gRPC method name (`mapping::is_method_name`),
+//! else the call is an unknown method (`UNIMPLEMENTED`, naming nothing of the remote), so
+//! a caller of `shop.Orders` reaches no other service of the remote, nor a query or
+//! another origin. The URI is made anew for each try: the endpoint's scheme and
+//! authority, that path.
+//!
 //! Its deadline is the caller's, within the gateway's limits (`default_timeout`,
 //! `max_timeout`), and goes to the remote as `grpc-timeout`, rewritten for each try to
 //! what is left. A try goes to an endpoint the call has not tried ([`Endpoints::pick`]);
@@ -28,7 +35,7 @@ use super::endpoints::Endpoints;
 use super::{error_chain, Plan};
 use crate::channel::status_response;
 use crate::gateway::GatewayLimits;
-use crate::mapping::{format_grpc_timeout, GRPC_TIMEOUT};
+use crate::mapping::{format_grpc_timeout, method_of, unknown_method, GRPC_TIMEOUT};
 
 type Request = http::Request<tonic::body::Body>;
 type Response = http::Response<tonic::body::Body>;
@@ -78,6 +85,9 @@ impl Service<Request> for Forward {
 impl Shared {
     async fn forward(&self, request: Request) -> Response {
         let (mut parts, body) = request.into_parts();
+        let Some(path) = path_of(&parts.uri, &self.service) else {
+            return status_response(&unknown_method(&parts.uri.to_string(), &self.service));
+        };
         let deadline = self.limits.deadline(&mut parts.headers);
         let mut body = Some(body);
         let mut tried = Vec::new();
@@ -96,7 +106,7 @@ impl Shared {
                     .insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
             }
             let (attempt, try_body) = Attempt::new(next);
-            let request = request_of(&parts, try_body);
+            let request = request_of(&parts, self.endpoints.uri(i, &path), try_body);
             attempt.arm();
             let (channel, load) = self.endpoints.begin(i);
             let sent = channel.oneshot(request);
@@ -156,11 +166,21 @@ impl Shared {
     }
 }
 
-/// The request of one try: the call's, with `body`.
-fn request_of(parts: &http::request::Parts, body: TryBody) -> Request {
+/// The path that goes to the remote, if `uri` is a path to one of `service`'s methods:
+/// `/{service}/{method}`, with no scheme, authority or query.
+fn path_of(uri: &http::Uri, service: &str) -> Option<http::uri::PathAndQuery> {
+    if uri.scheme().is_some() || uri.authority().is_some() || uri.query().is_some() {
+        return None;
+    }
+    let method = method_of(uri.path(), service)?;
+    format!("/{service}/{method}").parse().ok()
+}
+
+/// The request of one try: the call's, to `uri`, with `body`.
+fn request_of(parts: &http::request::Parts, uri: http::Uri, body: TryBody) -> Request {
     let mut request = http::Request::new(tonic::body::Body::new(body));
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = parts.uri.clone();
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
     *request.version_mut() = http::Version::HTTP_2;
     *request.headers_mut() = parts.headers.clone();
     request
@@ -224,6 +244,23 @@ impl Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_services_own_methods_go_to_the_remote() {
+        let path = |uri: &str| path_of(&uri.parse().unwrap(), "shop.Orders");
+        assert_eq!(path("/shop.Orders/Get").unwrap(), "/shop.Orders/Get");
+        for uri in [
+            "/admin.Admin/DropAllTables",
+            "/shop.Orders/Get?x=1",
+            "http://evil.example:9/shop.Orders/Get",
+            "//evil.example/shop.Orders/Get",
+            "/shop.Orders/Get/x",
+            "/shop.Orders/Get%3Fx",
+            "*",
+        ] {
+            assert!(path(uri).is_none(), "{uri}");
+        }
+    }
 
     #[test]
     fn failures_are_told_in_fixed_words() {

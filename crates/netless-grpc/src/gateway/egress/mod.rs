@@ -1,10 +1,11 @@
 //! Egress, the gateway's other direction: a business-logic process calls a *remote* gRPC
 //! service by its name, `pkg.Service`, over netless, exactly as it calls a local one, and
 //! never opens a socket. For each [`Egress`] the gateway serves a netless service of that
-//! name whose every call (unary or streaming, with its metadata, trailers, deadline and
-//! cancellation) goes on, as raw bytes by its path, over HTTP/2 to one of the remote's
-//! endpoints. The gateway owns those connections and their TLS, picks the endpoint, retries
-//! what never reached the remote, and bounds deadlines as it does for ingress.
+//! name whose every call to one of its methods (`/pkg.Service/Method`: any other path is
+//! an unknown method), unary or streaming, with its metadata, trailers, deadline and
+//! cancellation, goes on as raw bytes over HTTP/2 to one of the remote's endpoints. The
+//! gateway owns those connections and their TLS, picks the endpoint, retries what never
+//! reached the remote, and bounds deadlines as it does for ingress.
 //!
 //! Module map: this file (what an egress is, checked when the gateway is built, and
 //! serving it), `forward` (one call: its deadline, its tries, what the caller hears),
