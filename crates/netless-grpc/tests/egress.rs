@@ -1,8 +1,9 @@
 //! What a local caller reaches through the gateway's egress, in one process: a bare hyper
 //! HTTP/2 server stands for the remote and tells the test every request it gets (path,
 //! authority, headers), and netless clients call the egress service `shop.Orders` in
-//! front of it. The caller reaches only the service's own methods. Also: any `GrpcServer`
-//! takes only paths to its own service's methods.
+//! front of it. The caller reaches only the service's own methods, and its metadata goes
+//! on less the transport's headers. Also: any `GrpcServer` takes only paths to its own
+//! service's methods.
 
 use std::convert::Infallible;
 use std::sync::mpsc;
@@ -194,6 +195,53 @@ fn a_caller_reaches_only_the_egress_services_own_methods() {
         .seen
         .recv_timeout(Duration::from_millis(200))
         .is_err());
+}
+
+#[test]
+fn caller_metadata_goes_on_but_not_the_transports_headers() {
+    let remote = Remote::start();
+    let dir = TestDir::new("egress-headers");
+    let _serving = egress(&dir, &remote, GatewayLimits::default());
+    let client = Client::connect_with(SERVICE, config(&dir)).unwrap();
+    let mut options = options();
+    for (key, value) in [
+        ("host", "evil.example"),
+        ("content-length", "999"),
+        ("connection", "close"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("transfer-encoding", "chunked"),
+        ("upgrade", "h2c"),
+        ("te", "gzip"),
+        ("authorization", "Bearer caller-chosen"),
+        ("x-forwarded-for", "10.9.9.9"),
+        ("x-id", "7"),
+    ] {
+        options = options.metadata(key, value.as_bytes());
+    }
+    let outcome = client.call("/shop.Orders/Get", EMPTY, &options);
+    assert_eq!(code(&outcome), 0, "{outcome:?}");
+    let seen = remote.next().expect("the remote got the call");
+    let headers = &seen.headers;
+    // hyper gives the body's own length, if it knows it.
+    let length = headers.get("content-length");
+    assert!(length.is_none_or(|v| v == "5"), "{length:?}");
+    for gone in [
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+    ] {
+        assert!(headers.get(gone).is_none(), "{gone} went on: {headers:?}");
+    }
+    assert_eq!(seen.authority.as_deref(), Some(&*remote.addr.to_string()));
+    assert_eq!(headers["te"], "trailers");
+    assert_eq!(headers["content-type"], "application/grpc");
+    assert_eq!(headers["authorization"], "Bearer caller-chosen");
+    assert_eq!(headers["x-forwarded-for"], "10.9.9.9");
+    assert_eq!(headers["x-id"], "7");
 }
 
 /// A tonic-like service named `echo.Echo` that answers every call, telling the test its

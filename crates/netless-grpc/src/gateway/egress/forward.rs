@@ -1,11 +1,14 @@
 //! One egress call, as the tower service the netless server of an egress service runs.
 //!
-//! What goes to the remote is the egress service's own method: the request's path must be
-//! `/{service}/{method}`, `method` a plain gRPC method name (`mapping::is_method_name`),
-//! else the call is an unknown method (`UNIMPLEMENTED`, naming nothing of the remote), so
-//! a caller of `shop.Orders` reaches no other service of the remote, nor a query or
-//! another origin. The URI is made anew for each try: the endpoint's scheme and
-//! authority, that path.
+//! What goes to the remote is the egress service's own method and the caller's metadata:
+//! the request's path must be `/{service}/{method}`, `method` a plain gRPC method name
+//! (`mapping::is_method_name`), else the call is an unknown method (`UNIMPLEMENTED`, naming
+//! nothing of the remote), so a caller of `shop.Orders` reaches no other service of the
+//! remote, nor a query or another origin. The URI is made anew for each try: the
+//! endpoint's scheme and authority, that path. The caller's metadata goes on as it is
+//! (`authorization` too: a caller may authenticate to the remote), less the headers that
+//! are the transport's, never the call's: `host` (the remote's authority is the
+//! endpoint's), `content-length`, and the connection-specific ones HTTP/2 forbids.
 //!
 //! Its deadline is the caller's, within the gateway's limits (`default_timeout`,
 //! `max_timeout`), and goes to the remote as `grpc-timeout`, rewritten for each try to
@@ -39,6 +42,21 @@ use crate::mapping::{format_grpc_timeout, method_of, unknown_method, GRPC_TIMEOU
 
 type Request = http::Request<tonic::body::Body>;
 type Response = http::Response<tonic::body::Body>;
+
+/// Request headers that never go to the remote: `host` (the remote's `:authority` is the
+/// endpoint's), `content-length` (HTTP/2 frames the body, and h2 fails a call whose body
+/// does not match the figure), and the connection-specific headers HTTP/2 forbids (RFC
+/// 9113, 8.2.2; hyper would drop them too). Metadata keys starting with `:` never become
+/// headers at all.
+const NOT_FORWARDED: [http::HeaderName; 7] = [
+    http::header::HOST,
+    http::header::CONTENT_LENGTH,
+    http::header::CONNECTION,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+    http::HeaderName::from_static("keep-alive"),
+    http::HeaderName::from_static("proxy-connection"),
+];
 
 /// Forwards the calls of one egress service to its remote. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -88,6 +106,9 @@ impl Shared {
         let Some(path) = path_of(&parts.uri, &self.service) else {
             return status_response(&unknown_method(&parts.uri.to_string(), &self.service));
         };
+        for name in &NOT_FORWARDED {
+            parts.headers.remove(name);
+        }
         let deadline = self.limits.deadline(&mut parts.headers);
         let mut body = Some(body);
         let mut tried = Vec::new();
