@@ -1,14 +1,15 @@
 //! What a local caller reaches through the gateway's egress, in one process: a bare hyper
 //! HTTP/2 server stands for the remote and tells the test every request it gets (path,
 //! authority, headers), and netless clients call the egress service `shop.Orders` in
-//! front of it. The caller reaches only the service's own methods, and its metadata goes
-//! on less the transport's headers. Also: any `GrpcServer` takes only paths to its own
-//! service's methods.
+//! front of it. The caller reaches only the service's own methods, its metadata goes on
+//! less the transport's headers, and a caller that goes away mid-call cancels the call at
+//! the remote and frees the service's worker. Also: any `GrpcServer` takes only paths to
+//! its own service's methods.
 
 use std::convert::Infallible;
 use std::sync::mpsc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
@@ -27,16 +28,28 @@ struct Seen {
     headers: HeaderMap,
 }
 
-/// The remote: answers every call with `grpc-status: 0`. Every request goes to `seen`
-/// first.
+/// The remote: answers every call with `grpc-status: 0`, except `/shop.Orders/Hang`, which
+/// it never answers (and says so on `dropped` when the call is dropped, as hyper does when
+/// the client resets the stream). Every request goes to `seen` first.
 struct Remote {
     addr: std::net::SocketAddr,
     seen: mpsc::Receiver<Seen>,
+    dropped: mpsc::Receiver<()>,
+}
+
+/// Sends on its channel when dropped.
+struct Tell(mpsc::Sender<()>);
+
+impl Drop for Tell {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
 }
 
 impl Remote {
     fn start() -> Remote {
         let (seen_tx, seen) = mpsc::channel();
+        let (dropped_tx, dropped) = mpsc::channel();
         let (addr_tx, addr_rx) = mpsc::channel();
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -49,11 +62,11 @@ impl Remote {
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
                 loop {
                     let (socket, _) = listener.accept().await.unwrap();
-                    let seen_tx = seen_tx.clone();
+                    let (seen_tx, dropped_tx) = (seen_tx.clone(), dropped_tx.clone());
                     let service = hyper::service::service_fn(
                         move |request: http::Request<hyper::body::Incoming>| {
-                            let seen_tx = seen_tx.clone();
-                            async move { answer(request, seen_tx).await }
+                            let (seen_tx, dropped_tx) = (seen_tx.clone(), dropped_tx.clone());
+                            async move { answer(request, seen_tx, dropped_tx).await }
                         },
                     );
                     tokio::spawn(async move {
@@ -69,6 +82,7 @@ impl Remote {
         Remote {
             addr: addr_rx.recv().unwrap(),
             seen,
+            dropped,
         }
     }
 
@@ -83,12 +97,18 @@ type Reply = http::Response<http_body_util::combinators::BoxBody<Bytes, Infallib
 async fn answer(
     request: http::Request<hyper::body::Incoming>,
     seen: mpsc::Sender<Seen>,
+    dropped: mpsc::Sender<()>,
 ) -> Result<Reply, Infallible> {
+    let path = request.uri().path_and_query().unwrap().to_string();
     let _ = seen.send(Seen {
-        path: request.uri().path_and_query().unwrap().to_string(),
+        path: path.clone(),
         authority: request.uri().authority().map(|a| a.to_string()),
         headers: request.headers().clone(),
     });
+    if path == "/shop.Orders/Hang" {
+        let _tell = Tell(dropped);
+        std::future::pending::<()>().await;
+    }
     let _ = request.into_body().collect().await;
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
@@ -242,6 +262,52 @@ fn caller_metadata_goes_on_but_not_the_transports_headers() {
     assert_eq!(headers["authorization"], "Bearer caller-chosen");
     assert_eq!(headers["x-forwarded-for"], "10.9.9.9");
     assert_eq!(headers["x-id"], "7");
+}
+
+#[test]
+fn a_caller_that_goes_away_cancels_its_unary_call_and_frees_the_worker() {
+    let remote = Remote::start();
+    let dir = TestDir::new("egress-gone");
+    // One worker: a call stuck on the remote holds the whole service.
+    let limits = GatewayLimits {
+        egress_concurrency: 1,
+        default_timeout: Some(Duration::from_secs(60)),
+        ..GatewayLimits::default()
+    };
+    let _serving = egress(&dir, &remote, limits);
+
+    // A caller with no deadline waits for a remote that never answers, then goes away
+    // (its runtime, its call and its client dropped: its connection closes).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let gone = Client::connect_with(SERVICE, config(&dir)).unwrap();
+    runtime.spawn(async move {
+        let _ = gone
+            .call_async("/shop.Orders/Hang", EMPTY, &CallOptions::new())
+            .await;
+    });
+    let seen = remote.next().expect("the remote got the call");
+    assert_eq!(seen.path, "/shop.Orders/Hang");
+    let left = Instant::now();
+    runtime.shutdown_background();
+
+    // The remote sees its stream reset, soon.
+    remote
+        .dropped
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the remote's call goes on after its caller went away");
+    // And the service's one worker takes the next caller's call.
+    let next = Client::connect_with(SERVICE, config(&dir)).unwrap();
+    let outcome = next.call("/shop.Orders/Get", EMPTY, &options());
+    assert_eq!(code(&outcome), 0, "{outcome:?}");
+    assert!(
+        left.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        left.elapsed()
+    );
 }
 
 /// A tonic-like service named `echo.Echo` that answers every call, telling the test its
