@@ -61,8 +61,10 @@ fn client_process_entry() {
 
 /// Serves the example services over TCP (TLS if a certificate is given) at
 /// `NETLESS_EGRESS_LISTEN` (else 127.0.0.1:0), each response tagged `x-remote:
-/// $NETLESS_EGRESS_REMOTE` and, if the call came with one, `x-seen-grpc-timeout`; prints
-/// `REMOTE LISTENING ADDR` and serves until stdin closes.
+/// $NETLESS_EGRESS_REMOTE` and, if the call came with one, `x-seen-grpc-timeout`; a call
+/// with `x-hang` metadata is never answered (`EVENT hang: started`, and `EVENT hang:
+/// dropped` once the call is cancelled); prints `REMOTE LISTENING ADDR` and serves until
+/// stdin closes.
 fn remote_main() {
     let Ok(tag) = std::env::var("NETLESS_EGRESS_REMOTE") else {
         return;
@@ -122,7 +124,18 @@ fn remote_main() {
     });
 }
 
-/// A service whose responses say which remote answered, and the deadline it was given.
+/// Prints `EVENT hang: dropped` when dropped.
+struct Hanging;
+
+impl Drop for Hanging {
+    fn drop(&mut self) {
+        println!("EVENT hang: dropped");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// A service whose responses say which remote answered, and the deadline it was given;
+/// a call with `x-hang` it never answers.
 #[derive(Clone)]
 struct Tagged<S> {
     inner: S,
@@ -162,6 +175,14 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.headers().contains_key("x-hang") {
+            println!("EVENT hang: started");
+            let _ = std::io::stdout().flush();
+            return Box::pin(async {
+                let _hanging = Hanging;
+                std::future::pending().await
+            });
+        }
         let seen = request.headers().get("grpc-timeout").cloned();
         let tag = self.tag.clone();
         let response = self.inner.call(request);
@@ -197,7 +218,10 @@ impl tonic::codegen::tokio_stream::Stream for Notes {
 ///   `release` (`OK released`);
 /// - `cancel`: reads a few features of a long stream and drops it (`OK cancelled`);
 /// - `hello N`: N calls, each printed as `HELLO CODE REMOTE MILLISECONDS MESSAGE`, then
-///   `DONE`.
+///   `DONE`;
+/// - `cross`: calls RouteGuide's `GetFeature` through the Greeter's service (`CROSS CODE`);
+/// - `hang`: starts a SayHello with `x-hang` and no deadline, and leaves it running
+///   (`HANGING`).
 fn client_main() {
     if std::env::var_os("NETLESS_EGRESS_CLIENT").is_none() {
         return;
@@ -251,6 +275,23 @@ fn client_main() {
                 runtime.block_on(cancel(guide()));
                 println!("OK cancelled");
             }
+            Some("cross") => {
+                let code = runtime.block_on(cross());
+                println!("CROSS {code:?}");
+            }
+            Some("hang") => {
+                let mut greeter = greeter.clone();
+                runtime.spawn(async move {
+                    let mut request = tonic::Request::new(HelloRequest {
+                        name: "hang".into(),
+                    });
+                    request
+                        .metadata_mut()
+                        .insert("x-hang", "1".parse().unwrap());
+                    let _ = greeter.say_hello(request).await;
+                });
+                println!("HANGING");
+            }
             Some("hello") => {
                 let n: usize = words.next().unwrap().parse().unwrap();
                 for _ in 0..n {
@@ -282,6 +323,24 @@ async fn hello(mut greeter: GreeterClient<Channel>) -> String {
             format!("HELLO Ok {remote} {ms} {}", reply.into_inner().message)
         }
         Err(status) => format!("HELLO {:?} - {ms} {}", status.code(), status.message()),
+    }
+}
+
+/// The code of a `GetFeature` call sent to the Greeter's netless service.
+async fn cross() -> tonic::Code {
+    let channel = netless_grpc::Channel::connect(GREETER).unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let outcome = grpc
+        .unary(
+            tonic::Request::new(netless_examples::routeguide::grid_point(7)),
+            "/routeguide.RouteGuide/GetFeature".parse().unwrap(),
+            tonic_prost::ProstCodec::<Point, netless_examples::routeguide_pb::Feature>::default(),
+        )
+        .await;
+    match outcome {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => status.code(),
     }
 }
 
@@ -589,6 +648,47 @@ fn every_kind_of_call_reaches_the_remote_and_the_caller_holds_no_tcp_socket() {
             .iter()
             .any(|s| matches!(s.kind, SocketKind::Tcp | SocketKind::Tcp6)),
         "the gateway holds no TCP socket: {gateway_sockets:?}"
+    );
+}
+
+#[test]
+fn a_caller_reaches_only_its_services_methods_and_a_caller_that_dies_frees_its_call() {
+    let dir = TestDir::new("egress-reach");
+    let (mut remote, address) = remote("a", "127.0.0.1:0", None);
+    // One worker: a call stuck at the remote holds the whole service.
+    let _gateway = gateway(
+        &dir,
+        &[
+            "--egress",
+            &format!("{GREETER}=http://{address}"),
+            "--egress-concurrency",
+            "1",
+        ],
+    );
+    let mut client = Client::start(&dir);
+    // The remote serves RouteGuide too; the Greeter's egress leads only to the Greeter.
+    client.send("cross");
+    assert_eq!(client.expect("CROSS ", COMMAND), "CROSS Unimplemented");
+
+    // A caller that dies in the middle of a unary call with no deadline: the remote's call
+    // is cancelled, long before the gateway's default deadline (60 s) would end it.
+    client.send("hang");
+    client.expect("HANGING", COMMAND);
+    remote.expect("EVENT hang: started", COMMAND);
+    let died = Instant::now();
+    drop(client);
+    remote.expect("EVENT hang: dropped", Duration::from_secs(10));
+    // And the service's one worker serves the next caller.
+    let mut next = Client::start(&dir);
+    let calls = next.hello(1);
+    assert!(
+        calls.iter().all(|c| c.code == "Ok" && c.remote == "a"),
+        "{calls:?}"
+    );
+    assert!(
+        died.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        died.elapsed()
     );
 }
 

@@ -1,6 +1,8 @@
-//! How a gRPC call's HTTP/2 parts map onto a netless message and back: headers to metadata,
-//! `grpc-timeout` to the netless deadline, trailers to metadata under a prefix no header name
-//! can contain, and a body type that yields the message bytes and then the trailers.
+//! How a gRPC call's HTTP/2 parts map onto a netless message and back: the path to the
+//! netless method (`/pkg.Service/Method`, a method name as the IDL makes it), headers to
+//! metadata, `grpc-timeout` to the netless deadline, trailers to metadata under a prefix no
+//! header name can contain, and a body type that yields the message bytes and then the
+//! trailers.
 //!
 //! Header values travel as their raw bytes (binary `-bin` metadata stays base64, as on the
 //! wire), so both ends see exactly what the other sent.
@@ -116,6 +118,46 @@ pub(crate) fn metadata_to_headers(metadata: &Metadata) -> (HeaderMap, HeaderMap)
     (headers, trailers)
 }
 
+/// The method of `path` if `path` is `/{service}/{method}` (exactly: nothing before, no
+/// query or fragment after) and `method` is a gRPC method name ([`is_method_name`]).
+pub(crate) fn method_of<'a>(path: &'a str, service: &str) -> Option<&'a str> {
+    let method = path
+        .strip_prefix('/')?
+        .strip_prefix(service)?
+        .strip_prefix('/')?;
+    is_method_name(method).then_some(method)
+}
+
+/// Whether `name` can be the method of a gRPC path: an identifier, ASCII letters, digits
+/// and `_`, not starting with a digit.
+///
+/// The gRPC HTTP/2 protocol leaves method names to the IDL (`"/" Service-Name "/"
+/// {method name}`); protobuf's is an identifier, `letter { letter | decimalDigit | "_" }`,
+/// and protoc takes `_` for a letter. So a name with `/`, `?`, `#`, `%`, `.`, `-`, a
+/// space or anything beyond ASCII names no method any generated service has, and must
+/// not reach a service that routes by path (the gateway's egress forwards whatever path
+/// it is given): such a call is an unknown method.
+pub(crate) fn is_method_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// `UNIMPLEMENTED` for a call to `method`, which is not a method of `service`
+/// (`/service/Method`, see [`method_of`]); at most 100 characters of `method` are repeated.
+pub(crate) fn unknown_method(method: &str, service: &str) -> netless::Status {
+    let shown = match method.char_indices().nth(100) {
+        Some((end, _)) => format!("{}…", &method[..end]),
+        None => method.to_string(),
+    };
+    netless::Status::new(
+        netless::Code::Unimplemented,
+        format!("unknown method `{shown}` (service `{service}` has methods `/{service}/Name`)"),
+    )
+}
+
 /// Parses a `grpc-timeout` value (e.g. `100m`, `5S`) into a deadline from now.
 pub(crate) fn parse_grpc_timeout(value: &[u8]) -> Option<Instant> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
@@ -223,6 +265,38 @@ impl http_body::Body for ReplyBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_method_names_of_the_service_are_methods() {
+        let service = "shop.Orders";
+        assert_eq!(method_of("/shop.Orders/Get", service), Some("Get"));
+        assert_eq!(method_of("/shop.Orders/get_2", service), Some("get_2"));
+        assert_eq!(method_of("/shop.Orders/_Get", service), Some("_Get"));
+        for path in [
+            "/admin.Admin/DropAllTables",
+            "/shop.Orders/",
+            "/shop.Orders",
+            "shop.Orders/Get",
+            "//shop.Orders/Get",
+            "/shop.Orders/Get/More",
+            "/shop.Orders/Get?x=1",
+            "/shop.Orders/Get#x",
+            "/shop.Orders/Get%2F..",
+            "/shop.Orders/a.b",
+            "/shop.Orders/a-b",
+            "/shop.Orders/a b",
+            "/shop.Orders/2Get",
+            "/shop.Orders/Gét",
+            "/shop.OrdersX/Get",
+            "/shop.Orders/../admin.Admin/DropAllTables",
+            "http://evil.example:9/shop.Orders/Get",
+        ] {
+            assert_eq!(method_of(path, service), None, "{path}");
+        }
+        let status = unknown_method(&"x".repeat(500), service);
+        assert_eq!(status.code(), netless::Code::Unimplemented);
+        assert!(status.message().len() < 200, "{status}");
+    }
 
     #[test]
     fn timeouts_parse_and_format() {

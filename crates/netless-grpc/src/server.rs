@@ -17,13 +17,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, TE};
 use http::{HeaderMap, HeaderValue, Method};
-use netless::{Metadata, Request, ResponseBuilder, Server, ServerConfig, Status};
+use netless::{DeferredReply, Metadata, Request, ResponseBuilder, Server, ServerConfig, Status};
 use tonic::server::NamedService;
 use tower::ServiceExt as _;
 use tower_service::Service;
 
 use crate::mapping::{
-    append_headers, format_grpc_timeout, frame_now, trailers_to_metadata, GRPC_TIMEOUT,
+    append_headers, format_grpc_timeout, frame_now, method_of, trailers_to_metadata,
+    unknown_method, GRPC_TIMEOUT,
 };
 use crate::protocol::{
     split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
@@ -54,6 +55,8 @@ pub struct GrpcServer {
     tcp: Option<Listen>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     tcp_only: bool,
+    /// Whether a unary call that waits stops when its caller's connection closes.
+    watch_callers: bool,
 }
 
 impl GrpcServer {
@@ -233,9 +236,11 @@ impl GrpcServer {
             .into_iter()
             .map(|(name, service)| {
                 let shared = Arc::new(Shared {
+                    name,
                     service,
                     sessions: sessions.clone(),
                     runtime: runtime.handle().clone(),
+                    watch_callers: self.watch_callers,
                 });
                 shareds.push(shared.clone());
                 Server::bind(
@@ -277,7 +282,21 @@ impl GrpcServer {
             .push((Box::leak(name.into_boxed_str()), GrpcService::new(service)));
         self
     }
+
+    /// Makes a unary call that has to wait watch its caller: when the caller's connection
+    /// closes, the service's future is dropped (so what it waits on, such as an HTTP/2
+    /// request to a remote, is cancelled) and its worker moves on. The reply of such a call
+    /// is deferred, which costs a single-worker server its lock-free replies, so only the
+    /// gateway's egress services, whose calls wait on the network, ask for it.
+    pub(crate) fn watch_callers(mut self) -> GrpcServer {
+        self.watch_callers = true;
+        self
+    }
 }
+
+/// How often a unary call that waits looks whether its caller's connection closed (as
+/// often as the sessions' sweep does for streams).
+const CALLER_CHECK: Duration = Duration::from_millis(200);
 
 /// How long [`GrpcServing::stop`] lets the TCP side's calls under way finish.
 const TCP_GRACE: Duration = Duration::from_secs(2);
@@ -385,6 +404,7 @@ impl std::fmt::Debug for GrpcServer {
             .field("tcp", &self.tcp)
             .field("tls", &self.tls.is_some())
             .field("netless", &!self.tcp_only)
+            .field("watch_callers", &self.watch_callers)
             .finish()
     }
 }
@@ -406,9 +426,12 @@ type GrpcService = tower::util::BoxCloneSyncService<
 >;
 
 struct Shared {
+    /// The service's name: every call's path is `/{name}/{method}`.
+    name: &'static str,
     service: GrpcService,
     sessions: Arc<Sessions>,
     runtime: tokio::runtime::Handle,
+    watch_callers: bool,
 }
 
 /// What a call produced before it would have had to wait.
@@ -431,7 +454,7 @@ impl Shared {
         let body = http_body_util::Full::new(Bytes::copy_from_slice(req.payload));
         let request = self.http_request(req, tonic::body::Body::new(body))?;
         let service = self.service.clone();
-        let ready = self.run(async move {
+        let call = async move {
             let Ok(response) = service.oneshot(request).await;
             let (parts, mut body) = response.into_parts();
             let mut data = Vec::new();
@@ -475,43 +498,59 @@ impl Shared {
                 trailers: None,
                 rest: Some(body),
             })
-        })?;
-        let (head, trailers_only) = response_head(&ready.head);
-        resp.metadata = head;
+        };
+        let mut later = None;
+        let Some(outcome) = self.run(call, resp, &mut later)? else {
+            // The caller's connection closed while the service waited: its future is gone.
+            return Ok(());
+        };
+        match (outcome, later) {
+            (Ok(ready), later) => self.reply_unary(ready, later, resp),
+            (Err(status), None) => Err(status),
+            (Err(status), Some(reply)) => reply.fail(&status).or(Ok(())),
+        }
+    }
+
+    /// Replies to a unary call with what its service produced (`ready`), through the
+    /// deferred reply if the call has one, else `resp`; a response that goes on becomes a
+    /// stream.
+    fn reply_unary(
+        &self,
+        ready: Ready,
+        later: Option<DeferredReply>,
+        resp: &mut ResponseBuilder<'_>,
+    ) -> Result<(), Status> {
+        let (mut metadata, trailers_only) = response_head(&ready.head);
         if let Some(trailers) = trailers_only {
             for (k, v) in trailers.iter() {
-                resp.metadata.insert(k, v);
+                metadata.insert(k, v);
             }
-            return Ok(());
+            return reply_now_or_later(later, resp, metadata, b"");
         }
-        match ready.rest {
-            None => {
-                if let Some(trailers) = &ready.trailers {
-                    trailers_to_metadata(trailers, &mut resp.metadata);
-                }
-                resp.payload.extend_from_slice(&ready.data);
-                Ok(())
+        let Some(body) = ready.rest else {
+            if let Some(trailers) = &ready.trailers {
+                trailers_to_metadata(trailers, &mut metadata);
             }
-            Some(body) => {
-                // The response goes on: the rest streams through a session.
-                let metadata = std::mem::take(&mut resp.metadata);
-                let reply = resp.defer()?;
-                let session = match self.sessions.open(reply.watch()) {
-                    Ok(session) => session,
-                    Err(status) => return reply.fail(&status).or(Ok(())),
-                };
-                let mut metadata = metadata;
-                metadata.insert(SESSION, session.id.to_string());
-                let first = ready.data.len().min(MAX_DELIVERY);
-                session.preload(&ready.data[first..]);
-                let task = self.runtime.spawn(session.clone().pump(body));
-                session.set_task(task.abort_handle());
-                if reply.send(&metadata, &ready.data[..first]).is_err() {
-                    session.cancel("the client's connection closed");
-                }
-                Ok(())
-            }
+            return reply_now_or_later(later, resp, metadata, &ready.data);
+        };
+        // The response goes on: the rest streams through a session.
+        let reply = match later {
+            Some(reply) => reply,
+            None => resp.defer()?,
+        };
+        let session = match self.sessions.open(reply.watch()) {
+            Ok(session) => session,
+            Err(status) => return reply.fail(&status).or(Ok(())),
+        };
+        metadata.insert(SESSION, session.id.to_string());
+        let first = ready.data.len().min(MAX_DELIVERY);
+        session.preload(&ready.data[first..]);
+        let task = self.runtime.spawn(session.clone().pump(body));
+        session.set_task(task.abort_handle());
+        if reply.send(&metadata, &ready.data[..first]).is_err() {
+            session.cancel("the client's connection closed");
         }
+        Ok(())
     }
 
     /// Runs `future` to completion on this (netless worker) thread, in the server's runtime
@@ -519,16 +558,45 @@ impl Shared {
     /// once in place, which costs less than `Handle::block_on` (which sets up a blocking
     /// region and a parker every time); only a future that has to wait goes on to
     /// `block_on`, whose first poll registers the waker that will wake it.
-    fn run<F: std::future::Future>(&self, future: F) -> F::Output {
+    ///
+    /// On a server that watches its callers, a future that has to wait defers the call
+    /// (the reply, in `later`, is then the only way to answer it) and is dropped when the
+    /// caller's connection closes first: `None`.
+    fn run<F: std::future::Future>(
+        &self,
+        future: F,
+        resp: &mut ResponseBuilder<'_>,
+        later: &mut Option<DeferredReply>,
+    ) -> Result<Option<F::Output>, Status> {
         let mut future = std::pin::pin!(future);
         {
             let _context = self.runtime.enter();
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-                return output;
+                return Ok(Some(output));
             }
         }
-        self.runtime.block_on(future)
+        if !self.watch_callers {
+            return Ok(Some(self.runtime.block_on(future)));
+        }
+        let watch = later.insert(resp.defer()?).watch();
+        let name = self.name;
+        Ok(self.runtime.block_on(async move {
+            let mut check = tokio::time::interval(CALLER_CHECK);
+            std::future::poll_fn(|cx| {
+                if let std::task::Poll::Ready(output) = future.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(Some(output));
+                }
+                while check.poll_tick(cx).is_ready() {
+                    if watch.is_closed() {
+                        tracing::debug!("`{name}`: a caller left; its call stopped");
+                        return std::task::Poll::Ready(None);
+                    }
+                }
+                std::task::Poll::Pending
+            })
+            .await
+        }))
     }
 
     /// A call whose request goes on: the service runs as a task reading `send`s.
@@ -613,13 +681,35 @@ impl Shared {
         if let Some(deadline) = req.deadline {
             headers.insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
         }
-        let uri: http::Uri = req.method.parse().map_err(|_| {
-            Status::invalid_argument(format!("`{}` is not a gRPC path", req.method))
-        })?;
+        // The service routes by path: only a path to one of this service's methods goes in.
+        let unknown = || unknown_method(req.method, self.name);
+        if method_of(req.method, self.name).is_none() {
+            return Err(unknown());
+        }
+        let uri: http::Uri = req.method.parse().map_err(|_| unknown())?;
         let mut request = http::Request::new(body);
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
         Ok(request)
+    }
+}
+
+/// Replies `metadata` and `payload` through `later`, the deferred reply, if the call has
+/// one, else through `resp`.
+fn reply_now_or_later(
+    later: Option<DeferredReply>,
+    resp: &mut ResponseBuilder<'_>,
+    metadata: Metadata,
+    payload: &[u8],
+) -> Result<(), Status> {
+    match later {
+        // A caller gone meanwhile hears nothing either way.
+        Some(reply) => reply.send(&metadata, payload).or(Ok(())),
+        None => {
+            resp.metadata = metadata;
+            resp.payload.extend_from_slice(payload);
+            Ok(())
+        }
     }
 }

@@ -113,10 +113,12 @@ pub struct Args {
 pub struct EgressArgs {
     /// A remote service to serve locally (repeatable):
     /// `pkg.Service=http://10.0.0.2:50051,http://10.0.0.3:50051`. Local processes call it
-    /// over netless as `pkg.Service`; the gateway forwards each call over HTTP/2 to the
-    /// least loaded endpoint that is up, and to another one if the connection failed before
-    /// the call left. A live netless server of that name already there, or the name also
-    /// matching --allow, is an error at startup. Printed as `EGRESS pkg.Service` once served.
+    /// over netless as `pkg.Service`; the gateway forwards each call to one of its methods
+    /// (`/pkg.Service/Method`; any other path is UNIMPLEMENTED), with the caller's
+    /// metadata, over HTTP/2 to the least loaded endpoint that is up, and to another one if
+    /// the connection failed before the call left. A live netless server of that name
+    /// already there, or the name also matching --allow, is an error at startup. Printed as
+    /// `EGRESS pkg.Service` once served.
     #[arg(
         id = "egress",
         long = "egress",

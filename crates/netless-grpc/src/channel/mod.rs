@@ -31,11 +31,14 @@ use target::Target;
 ///
 /// A channel to a local service sends each call over netless shared memory; a channel to a
 /// remote one sends it over HTTP/2 with tonic's own transport. Either way the same
-/// generated client code, status codes, `grpc-timeout` deadlines, metadata, trailers and
-/// cancellation (dropping a call or its response stream cancels it on the server) behave as
-/// over HTTP/2. A call that cannot reach the service (unknown service, dead server, refused
-/// connection, full queue) completes with the corresponding gRPC status, `UNAVAILABLE` for
-/// a service that is not there, as tonic reports transport failures.
+/// generated client code, status codes, `grpc-timeout` deadlines (a call that sets none
+/// gets the `ClientConfig`'s `default_timeout`, if any), metadata, trailers and the
+/// cancellation of streams (dropping a stream cancels it on the server) behave as over
+/// HTTP/2. A local unary call that is dropped is only abandoned: netless carries no cancel
+/// of one, so the server runs it to its end (its deadline bounds it). A call that cannot
+/// reach the service (unknown service, dead server, refused connection, full queue)
+/// completes with the corresponding gRPC status, `UNAVAILABLE` for a service that is not
+/// there, as tonic reports transport failures.
 ///
 /// Cheap to clone; clones share one netless connection, or one set of HTTP/2 connections.
 ///
@@ -58,7 +61,8 @@ pub struct Channel {
 #[derive(Clone, Debug)]
 enum Route {
     Local(Client),
-    Remote(tonic::transport::Channel),
+    /// The HTTP/2 channel, and the deadline of calls that set none.
+    Remote(tonic::transport::Channel, Option<std::time::Duration>),
 }
 
 impl Channel {
@@ -78,7 +82,9 @@ impl Channel {
     /// So an explicit target beats the table, which beats the local default. A local target
     /// connects now (as [`Channel::connect`]); a remote one connects at its first call, so
     /// this never waits for the network, but it must be called inside a tokio runtime,
-    /// which then runs the channel's connections.
+    /// which then runs the channel's connections. A remote connection with calls open that
+    /// has heard nothing from its server for 5 minutes sends an HTTP/2 PING, and closes
+    /// (failing those calls) if no answer comes within 20 s.
     ///
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -121,7 +127,10 @@ impl Channel {
             Location::Local { service } => {
                 Route::Local(Client::connect_with(service, options.client.clone())?)
             }
-            Location::Remote { uris } => Route::Remote(remote::connect(uris, options)?),
+            Location::Remote { uris } => Route::Remote(
+                remote::connect(uris, options)?,
+                options.client.default_timeout,
+            ),
         };
         Ok(Channel {
             route,
@@ -204,11 +213,13 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Channel {
                         .unwrap_or_else(|status| status_response(&status)))
                 })
             }
-            Route::Remote(channel) => {
+            Route::Remote(channel, default_timeout) => {
                 let (channel, location) = (channel.clone(), self.location.clone());
-                Box::pin(
-                    async move { Ok(remote::call(channel, &location.to_string(), request).await) },
-                )
+                let default_timeout = *default_timeout;
+                Box::pin(async move {
+                    let target = location.to_string();
+                    Ok(remote::call(channel, &target, default_timeout, request).await)
+                })
             }
         }
     }

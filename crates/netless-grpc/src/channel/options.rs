@@ -1,5 +1,6 @@
 //! How [`Channel::target_with`](super::Channel::target_with) reaches a target: the netless
-//! client configuration, the resolver, TLS and the connect timeout.
+//! client configuration (for a remote target, its connect and default timeouts), the
+//! resolver, TLS and the connect timeout.
 
 use std::time::Duration;
 
@@ -50,7 +51,10 @@ impl ChannelOptions {
     }
 
     /// The netless client configuration for a local target (socket directory, fabric,
-    /// domain, ...). Of it, a remote target uses only `connect_timeout`.
+    /// domain, ...). Of it, a remote target uses `connect_timeout` and `default_timeout`:
+    /// a call that sets no deadline gets that much, sent to the server as `grpc-timeout`
+    /// and held to by the channel itself, so that a server that never answers fails the
+    /// call with `DEADLINE_EXCEEDED` rather than hang it.
     ///
     /// ```
     /// let config = netless::ClientConfig {

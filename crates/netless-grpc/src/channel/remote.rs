@@ -1,17 +1,39 @@
 //! The remote path: calls to gRPC servers elsewhere go over HTTP/2 through tonic's own
 //! transport (`tonic::transport::Channel`), so any gRPC server in any language answers.
 //!
-//! This module owns building that channel from a [`Location::Remote`] and turning its
-//! transport failures into gRPC statuses; the calls themselves pass through unchanged.
+//! This module owns building that channel from a [`Location::Remote`], giving calls that
+//! set no deadline the `ClientConfig`'s `default_timeout` (as `grpc-timeout`, as the local
+//! path does), holding every call to its deadline itself, so that a server that accepts a
+//! call and never answers cannot hang it, and turning transport failures into gRPC
+//! statuses; the calls themselves pass through unchanged.
+//!
+//! [`Location::Remote`]: super::Location::Remote
 
 use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
 use netless::{Code, Status};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use tower::ServiceExt as _;
 
 use super::local::status_response;
 use super::options::ChannelOptions;
+use crate::mapping::{format_grpc_timeout, parse_grpc_timeout, GRPC_TIMEOUT};
+
+/// HTTP/2 PINGs on a connection with calls open and nothing heard for this long, so a
+/// server that vanished (no reset, no FIN) is noticed even by a call without a deadline.
+/// Five minutes: gRPC servers answer pings more frequent than that on a quiet connection
+/// with `GOAWAY` (`too_many_pings`) by default (grpc-go's and grpc-java's minimum ping
+/// interval, C-core's without data).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
+/// A PING unanswered this long closes the connection, failing its calls.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A lazily connecting tonic channel to `uris`, balanced across them when there are
 /// several. Connections are made by the first call, in the current tokio runtime.
@@ -44,7 +66,9 @@ fn endpoint(uri: &str, options: &ChannelOptions) -> Result<Endpoint, Status> {
     let mut endpoint = Endpoint::from_shared(uri.to_string())
         .map_err(|e| invalid(&e))?
         .connect_timeout(options.client.connect_timeout)
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT);
     if uri.starts_with("https://") {
         let mut tls =
             ClientTlsConfig::new().ca_certificate(Certificate::from_pem(options.ca_pem(uri)?));
@@ -58,14 +82,105 @@ fn endpoint(uri: &str, options: &ChannelOptions) -> Result<Endpoint, Status> {
 
 /// One call through `channel`; a transport failure becomes a trailers-only response, as a
 /// netless failure does on the local path.
+///
+/// Its deadline is its `grpc-timeout`, else `default_timeout` from now, which then goes to
+/// the server as its `grpc-timeout`. When the deadline passes before the response headers,
+/// or while the response body is still to come, the call ends with `DEADLINE_EXCEEDED`
+/// and its HTTP/2 stream is reset.
 pub(super) async fn call(
     channel: tonic::transport::Channel,
     target: &str,
-    request: http::Request<tonic::body::Body>,
+    default_timeout: Option<Duration>,
+    mut request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    match channel.oneshot(request).await {
-        Ok(response) => response,
-        Err(error) => status_response(&transport_status(&error, target)),
+    let asked = request
+        .headers()
+        .get(GRPC_TIMEOUT)
+        .and_then(|v| parse_grpc_timeout(v.as_bytes()));
+    let deadline = asked.or_else(|| {
+        let deadline = Instant::now().checked_add(default_timeout?)?;
+        request
+            .headers_mut()
+            .insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
+        Some(deadline)
+    });
+    let sent = channel.oneshot(request);
+    let outcome = match deadline {
+        Some(deadline) => match tokio::time::timeout_at(deadline.into(), sent).await {
+            Ok(outcome) => outcome,
+            Err(_) => return status_response(&deadline_passed(target)),
+        },
+        None => sent.await,
+    };
+    match (outcome, deadline) {
+        (Ok(response), Some(deadline)) => response.map(|body| {
+            tonic::body::Body::new(DeadlineBody {
+                inner: Some(body),
+                deadline: Box::pin(tokio::time::sleep_until(deadline.into())),
+                target: target.to_string(),
+            })
+        }),
+        (Ok(response), None) => response,
+        (Err(error), _) => status_response(&transport_status(&error, target)),
+    }
+}
+
+fn deadline_passed(target: &str) -> Status {
+    Status::deadline_exceeded(format!("the deadline expired before `{target}` answered"))
+}
+
+/// A response body held to the call's deadline: when it passes with the body still to
+/// come, the body ends with `DEADLINE_EXCEEDED` in its trailers, and the server's stream is
+/// reset (the inner body is dropped).
+struct DeadlineBody {
+    /// `None` once ended.
+    inner: Option<tonic::body::Body>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    target: String,
+}
+
+impl Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = &mut *self;
+        let Some(inner) = &mut this.inner else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.inner = None;
+                Poll::Ready(None)
+            }
+            Poll::Ready(frame) => Poll::Ready(frame),
+            Poll::Pending => {
+                if this.deadline.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.inner = None;
+                let status = tonic::Status::deadline_exceeded(format!(
+                    "the deadline expired while `{}` was answering",
+                    this.target
+                ));
+                let mut trailers = HeaderMap::new();
+                let _ = status.add_header(&mut trailers);
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
@@ -77,9 +192,7 @@ pub(super) fn transport_status(error: &(dyn StdError + 'static), target: &str) -
     let mut source = Some(error);
     while let Some(error) = source {
         if error.downcast_ref::<tonic::TimeoutExpired>().is_some() {
-            return Status::deadline_exceeded(format!(
-                "the deadline expired before `{target}` answered"
-            ));
+            return deadline_passed(target);
         }
         let text = error.to_string();
         // Layers often repeat their source's words in their own.

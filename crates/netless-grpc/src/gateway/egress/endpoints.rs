@@ -122,6 +122,17 @@ impl Endpoints {
         (channel, Load(remote.load.clone()))
     }
 
+    /// The URI of a request to `path` on endpoint `i`: its scheme and authority, `path`.
+    pub(super) fn uri(&self, i: usize, path: &http::uri::PathAndQuery) -> http::Uri {
+        let origin = self.all[i].endpoint.uri();
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = origin.scheme().cloned();
+        parts.authority = origin.authority().cloned();
+        parts.path_and_query = Some(path.clone());
+        http::Uri::from_parts(parts)
+            .expect("an endpoint has a scheme and an authority (`Plan::new` checks)")
+    }
+
     /// Endpoint `i` answered: it is up.
     pub(super) fn answered(&self, i: usize) {
         let mut health = lock(&self.all[i].health);

@@ -1,5 +1,15 @@
 //! One egress call, as the tower service the netless server of an egress service runs.
 //!
+//! What goes to the remote is the egress service's own method and the caller's metadata:
+//! the request's path must be `/{service}/{method}`, `method` a plain gRPC method name
+//! (`mapping::is_method_name`), else the call is an unknown method (`UNIMPLEMENTED`, naming
+//! nothing of the remote), so a caller of `shop.Orders` reaches no other service of the
+//! remote, nor a query or another origin. The URI is made anew for each try: the
+//! endpoint's scheme and authority, that path. The caller's metadata goes on as it is
+//! (`authorization` too: a caller may authenticate to the remote), less the headers that
+//! are the transport's, never the call's: `host` (the remote's authority is the
+//! endpoint's), `content-length`, and the connection-specific ones HTTP/2 forbids.
+//!
 //! Its deadline is the caller's, within the gateway's limits (`default_timeout`,
 //! `max_timeout`), and goes to the remote as `grpc-timeout`, rewritten for each try to
 //! what is left. A try goes to an endpoint the call has not tried ([`Endpoints::pick`]);
@@ -28,10 +38,25 @@ use super::endpoints::Endpoints;
 use super::{error_chain, Plan};
 use crate::channel::status_response;
 use crate::gateway::GatewayLimits;
-use crate::mapping::{format_grpc_timeout, GRPC_TIMEOUT};
+use crate::mapping::{format_grpc_timeout, method_of, unknown_method, GRPC_TIMEOUT};
 
 type Request = http::Request<tonic::body::Body>;
 type Response = http::Response<tonic::body::Body>;
+
+/// Request headers that never go to the remote: `host` (the remote's `:authority` is the
+/// endpoint's), `content-length` (HTTP/2 frames the body, and h2 fails a call whose body
+/// does not match the figure), and the connection-specific headers HTTP/2 forbids (RFC
+/// 9113, 8.2.2; hyper would drop them too). Metadata keys starting with `:` never become
+/// headers at all.
+const NOT_FORWARDED: [http::HeaderName; 7] = [
+    http::header::HOST,
+    http::header::CONTENT_LENGTH,
+    http::header::CONNECTION,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+    http::HeaderName::from_static("keep-alive"),
+    http::HeaderName::from_static("proxy-connection"),
+];
 
 /// Forwards the calls of one egress service to its remote. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -78,6 +103,12 @@ impl Service<Request> for Forward {
 impl Shared {
     async fn forward(&self, request: Request) -> Response {
         let (mut parts, body) = request.into_parts();
+        let Some(path) = path_of(&parts.uri, &self.service) else {
+            return status_response(&unknown_method(&parts.uri.to_string(), &self.service));
+        };
+        for name in &NOT_FORWARDED {
+            parts.headers.remove(name);
+        }
         let deadline = self.limits.deadline(&mut parts.headers);
         let mut body = Some(body);
         let mut tried = Vec::new();
@@ -96,7 +127,7 @@ impl Shared {
                     .insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
             }
             let (attempt, try_body) = Attempt::new(next);
-            let request = request_of(&parts, try_body);
+            let request = request_of(&parts, self.endpoints.uri(i, &path), try_body);
             attempt.arm();
             let (channel, load) = self.endpoints.begin(i);
             let sent = channel.oneshot(request);
@@ -156,11 +187,21 @@ impl Shared {
     }
 }
 
-/// The request of one try: the call's, with `body`.
-fn request_of(parts: &http::request::Parts, body: TryBody) -> Request {
+/// The path that goes to the remote, if `uri` is a path to one of `service`'s methods:
+/// `/{service}/{method}`, with no scheme, authority or query.
+fn path_of(uri: &http::Uri, service: &str) -> Option<http::uri::PathAndQuery> {
+    if uri.scheme().is_some() || uri.authority().is_some() || uri.query().is_some() {
+        return None;
+    }
+    let method = method_of(uri.path(), service)?;
+    format!("/{service}/{method}").parse().ok()
+}
+
+/// The request of one try: the call's, to `uri`, with `body`.
+fn request_of(parts: &http::request::Parts, uri: http::Uri, body: TryBody) -> Request {
     let mut request = http::Request::new(tonic::body::Body::new(body));
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = parts.uri.clone();
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
     *request.version_mut() = http::Version::HTTP_2;
     *request.headers_mut() = parts.headers.clone();
     request
@@ -224,6 +265,23 @@ impl Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_services_own_methods_go_to_the_remote() {
+        let path = |uri: &str| path_of(&uri.parse().unwrap(), "shop.Orders");
+        assert_eq!(path("/shop.Orders/Get").unwrap(), "/shop.Orders/Get");
+        for uri in [
+            "/admin.Admin/DropAllTables",
+            "/shop.Orders/Get?x=1",
+            "http://evil.example:9/shop.Orders/Get",
+            "//evil.example/shop.Orders/Get",
+            "/shop.Orders/Get/x",
+            "/shop.Orders/Get%3Fx",
+            "*",
+        ] {
+            assert!(path(uri).is_none(), "{uri}");
+        }
+    }
 
     #[test]
     fn failures_are_told_in_fixed_words() {

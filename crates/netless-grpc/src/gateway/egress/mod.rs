@@ -1,10 +1,19 @@
 //! Egress, the gateway's other direction: a business-logic process calls a *remote* gRPC
 //! service by its name, `pkg.Service`, over netless, exactly as it calls a local one, and
 //! never opens a socket. For each [`Egress`] the gateway serves a netless service of that
-//! name whose every call (unary or streaming, with its metadata, trailers, deadline and
-//! cancellation) goes on, as raw bytes by its path, over HTTP/2 to one of the remote's
-//! endpoints. The gateway owns those connections and their TLS, picks the endpoint, retries
-//! what never reached the remote, and bounds deadlines as it does for ingress.
+//! name whose every call to one of its methods (`/pkg.Service/Method`: any other path is
+//! an unknown method), unary or streaming, goes on as raw bytes over HTTP/2 to one of the
+//! remote's endpoints, with the caller's metadata (see `forward`), deadline and trailers.
+//! The gateway owns those connections and their TLS, picks the endpoint, retries what
+//! never reached the remote, and bounds deadlines as it does for ingress.
+//!
+//! The remote's stream is reset, so the remote sees the call cancelled, when the deadline
+//! passes, when the caller drops a stream (netless carries that as the stream's `cancel`),
+//! and when the caller's netless connection closes (its process exited, or it dropped its
+//! last client): a unary call waiting for the remote looks every 200 ms. Netless carries
+//! no cancel of a single unary call, so one that a caller still connected gives up on goes
+//! on until the remote answers or the deadline passes, holding one of the service's
+//! workers meanwhile.
 //!
 //! Module map: this file (what an egress is, checked when the gateway is built, and
 //! serving it), `forward` (one call: its deadline, its tries, what the caller hears),
@@ -267,7 +276,7 @@ impl Gateway {
             dir: client.dir.clone(),
             ..ServerConfig::default()
         };
-        let mut server = GrpcServer::new().config(config);
+        let mut server = GrpcServer::new().config(config).watch_callers();
         for plan in &inner.egress {
             // Fresh endpoints per serving: their connections live in its runtime.
             let endpoints = Endpoints::new(&plan.endpoints);
