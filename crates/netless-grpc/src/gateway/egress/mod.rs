@@ -39,8 +39,10 @@ mod endpoints;
 mod forward;
 
 /// HTTP/2 PINGs on a connection to a remote quiet for this long, so a remote that vanished
-/// is noticed even while streams are open to it.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// is noticed even while streams are open to it. Not sooner: grpc-go, grpc-java and C-core
+/// servers answer pings more frequent than every 5 minutes on a quiet connection with
+/// `GOAWAY too_many_pings` by default.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(300);
 /// A PING unanswered this long closes the connection.
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
