@@ -39,7 +39,8 @@ pub fn in_new_pid_namespace(cmd: &mut Command) -> &mut Command {
 /// new pid, mount, IPC and network namespaces, its own `/proc`, a private tmpfs on `/tmp`
 /// (the host's `/tmp` is out of sight), and the host directory `shared` bind-mounted at
 /// `/tmp/NAME` (`inside` is `NAME`: one path component, made mode 0700). Everything else of
-/// the file system is the host's, read through a private copy of its mounts. The process
+/// the file system is the host's, read through a private copy of its mounts; a program
+/// under `/tmp` (a checkout there) is bind-mounted back at its path. The process
 /// tree is as for [`in_new_pid_namespace`]: spawn with `process_group(0)` and kill the group.
 /// Needs root (`CAP_SYS_ADMIN`): `spawn` fails with the reason otherwise.
 ///
@@ -59,6 +60,7 @@ pub fn in_container<'c>(
     }
     let shared = CString::new(shared.as_os_str().as_bytes())?;
     let target = CString::new(format!("/tmp/{inside}"))?;
+    let program = Program::under_tmp(cmd.get_program())?;
     // SAFETY: the closure runs in the forked child before `exec` and makes only system calls
     // that are safe there (no allocation, no locks): unshare, fork, close_range, waitpid,
     // _exit, open, mkdir and mount, with strings made before the fork or on the stack.
@@ -83,6 +85,17 @@ pub fn in_container<'c>(
                 return Err(std::io::Error::last_os_error());
             }
             let source = fd_path(dir);
+            // The program itself, if /tmp is about to hide it: opened now, put back below.
+            let exe = match &program {
+                Some(program) => {
+                    let fd = libc::open(program.path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Some(fd_path(fd))
+                }
+                None => None,
+            };
             let tmpfs = c"tmpfs".as_ptr();
             let flags = libc::MS_NOSUID | libc::MS_NODEV;
             let data = c"mode=1777".as_ptr().cast();
@@ -91,6 +104,9 @@ pub fn in_container<'c>(
             }
             if libc::mkdir(target.as_ptr(), 0o700) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let (Some(program), Some(exe)) = (&program, &exe) {
+                program.put_back(exe)?;
             }
             // Through the host's /proc, still mounted: the descriptor names the host's
             // directory, which /tmp now covers.
@@ -102,6 +118,64 @@ pub fn in_container<'c>(
         })
     };
     Ok(cmd)
+}
+
+/// A program under `/tmp`, which a container's private `/tmp` would hide: its path, and the
+/// directories from `/tmp` down to it, made before the fork so that the child allocates
+/// nothing.
+struct Program {
+    path: CString,
+    dirs: Vec<CString>,
+}
+
+impl Program {
+    /// `None` if `program` is not an absolute path under `/tmp` (a bare name is looked up in
+    /// `PATH`, which a private `/tmp` does not hide).
+    fn under_tmp(program: &std::ffi::OsStr) -> std::io::Result<Option<Program>> {
+        let path = Path::new(program);
+        if !path.starts_with("/tmp") || path == Path::new("/tmp") {
+            return Ok(None);
+        }
+        let mut dirs = Vec::new();
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| *d != Path::new("/tmp")) {
+            dirs.push(CString::new(d.as_os_str().as_bytes())?);
+            dir = d.parent();
+        }
+        dirs.reverse();
+        Ok(Some(Program {
+            path: CString::new(path.as_os_str().as_bytes())?,
+            dirs,
+        }))
+    }
+
+    /// In the child, once the private `/tmp` is mounted: makes the program's directories
+    /// and an empty file at its path, and bind-mounts the program (`exe`: the
+    /// `/proc/self/fd/N` of the descriptor opened before) onto it. Only system calls.
+    fn put_back(&self, exe: &[u8; 32]) -> std::io::Result<()> {
+        // SAFETY: mkdir, open, close and mount on NUL-terminated strings made before the fork.
+        unsafe {
+            for dir in &self.dirs {
+                if libc::mkdir(dir.as_ptr(), 0o755) != 0
+                    && *libc::__errno_location() != libc::EEXIST
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC;
+            let file = libc::open(self.path.as_ptr(), flags, 0o700);
+            if file < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(file);
+            let none = std::ptr::null();
+            let source = exe.as_ptr().cast();
+            if libc::mount(source, self.path.as_ptr(), none, libc::MS_BIND, none.cast()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `/proc/self/fd/FD` as a NUL-terminated string, made without allocating.
