@@ -30,6 +30,7 @@ mod channel;
 pub mod fuzzing;
 mod gateway;
 mod mapping;
+pub mod prometheus;
 mod protocol;
 mod server;
 mod session;
