@@ -303,6 +303,7 @@ pub struct Replica<'a> {
 /// family has that name, leaves it out).
 pub fn write_replicas(out: &mut Exposition, replicas: &[Replica<'_>], grpc_families: bool) {
     type Count = fn(&ReplicaStats) -> u64;
+    type Gauge = fn(&Replica<'_>) -> u64;
     if grpc_families {
         out.family(
             "grpc_server_call_started_total",
@@ -358,7 +359,7 @@ pub fn write_replicas(out: &mut Exposition, replicas: &[Replica<'_>], grpc_famil
             out.sample(name, &r.labels, value(r.stats));
         }
     }
-    let gauges: [(&str, &str, fn(&Replica<'_>) -> u64); 3] = [
+    let gauges: [(&str, &str, Gauge); 3] = [
         (
             "netless_server_connections",
             "Client connections open now.",
