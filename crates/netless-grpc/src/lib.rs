@@ -35,6 +35,7 @@ mod protocol;
 mod server;
 mod session;
 mod stream;
+mod trace;
 
 pub use channel::{Channel, ChannelOptions, Location, Resolver, TARGETS_ENV, TLS_CA_ENV};
 pub use gateway::{
