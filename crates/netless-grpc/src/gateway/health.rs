@@ -25,27 +25,25 @@ use super::Gateway;
 /// How often a `Watch` looks at its service's status.
 pub(crate) const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
-impl Gateway {
-    /// The status of `service` as `Check` tells it; `None`: unknown.
-    pub(super) async fn serving_status(&self, service: &str) -> Option<ServingStatus> {
-        let inner = &*self.inner;
-        if service.is_empty() || is_own(service) {
-            return Some(ServingStatus::Serving);
-        }
-        if !inner.allow.allows(service) {
-            return None;
-        }
-        let deadline = Instant::now() + inner.limits.backend_connect_timeout;
-        let link = inner
-            .backends
-            .get(service)
-            .link(inner.backends.spec(), Some(deadline))
-            .await;
-        match link {
-            Ok(_) | Err(NoLink::Busy) => Some(ServingStatus::Serving),
-            Err(NoLink::Unknown) if !inner.allow.names(service) => None,
-            Err(_) => Some(ServingStatus::NotServing),
-        }
+/// The status of `service` as `Check` tells it; `None`: unknown.
+pub(super) async fn serving_status(gateway: &Gateway, service: &str) -> Option<ServingStatus> {
+    let inner = &*gateway.inner;
+    if service.is_empty() || is_own(service) {
+        return Some(ServingStatus::Serving);
+    }
+    if !inner.allow.allows(service) {
+        return None;
+    }
+    let deadline = Instant::now() + inner.limits.backend_connect_timeout;
+    let link = inner
+        .backends
+        .get(service)
+        .link(inner.backends.spec(), Some(deadline))
+        .await;
+    match link {
+        Ok(_) | Err(NoLink::Busy) => Some(ServingStatus::Serving),
+        Err(NoLink::Unknown) if !inner.allow.names(service) => None,
+        Err(_) => Some(ServingStatus::NotServing),
     }
 }
 
@@ -74,7 +72,7 @@ impl Health for GatewayHealth {
         request: tonic::Request<HealthCheckRequest>,
     ) -> Result<tonic::Response<HealthCheckResponse>, tonic::Status> {
         let service = &request.get_ref().service;
-        match self.gateway.serving_status(service).await {
+        match serving_status(&self.gateway, service).await {
             Some(status) => Ok(tonic::Response::new(response(status))),
             None => Err(tonic::Status::not_found("unknown service")),
         }
@@ -100,8 +98,7 @@ impl Health for GatewayHealth {
             tokio::pin!(ends);
             let mut told = None;
             loop {
-                let status = gateway
-                    .serving_status(&service)
+                let status = serving_status(&gateway, &service)
                     .await
                     .unwrap_or(ServingStatus::ServiceUnknown);
                 if told != Some(status) {

@@ -475,8 +475,8 @@ impl Body for Observed {
             Poll::Ready(None) => Some(Code::Unknown),
             Poll::Pending => None,
         };
-        if let (Some(code), Some(record)) = (code, this.record.take()) {
-            record.finish(code);
+        if let Some(record) = code.and_then(|code| Some((code, this.record.take()?))) {
+            record.1.finish(record.0);
         }
         polled
     }

@@ -498,7 +498,7 @@ impl Gateway {
             call.label(service, method);
             let (service, mut request) = (service.to_string(), request);
             let deadline = self.deadline(request.headers_mut());
-            let response = self.answer_own(&service, request, deadline).await;
+            let response = own::answer(self, &service, request, deadline).await;
             let (parts, body) = response.into_parts();
             let body = CallBody::new(body, held, inner.scrubber.clone());
             return http::Response::from_parts(parts, tonic::body::Body::new(body));

@@ -42,32 +42,31 @@ pub(crate) fn is_own_method(service: &str, method: &str) -> bool {
     }
 }
 
-impl Gateway {
-    /// Answers a call to own service `service` (`is_own`); `deadline` ends a `Watch`.
-    pub(super) async fn answer_own(
-        &self,
-        service: &str,
-        request: http::Request<Incoming>,
-        deadline: Option<Instant>,
-    ) -> http::Response<tonic::body::Body> {
-        let answered = match service {
-            HEALTH => {
-                let health = GatewayHealth::new(self.clone(), deadline);
-                HealthServer::new(health).oneshot(request).await
-            }
-            REFLECTION_V1 => {
-                V1Server::new(Reflection::new(self.clone()))
-                    .oneshot(request)
-                    .await
-            }
-            _ => {
-                let reflection = V1Alpha(Reflection::new(self.clone()));
-                V1AlphaServer::new(reflection).oneshot(request).await
-            }
-        };
-        match answered {
-            Ok(response) => response,
-            Err(never) => match never {},
+/// Answers a call of `gateway` to own service `service` (`is_own`); `deadline` ends a
+/// `Watch`.
+pub(super) async fn answer(
+    gateway: &Gateway,
+    service: &str,
+    request: http::Request<Incoming>,
+    deadline: Option<Instant>,
+) -> http::Response<tonic::body::Body> {
+    let answered = match service {
+        HEALTH => {
+            let health = GatewayHealth::new(gateway.clone(), deadline);
+            HealthServer::new(health).oneshot(request).await
         }
+        REFLECTION_V1 => {
+            V1Server::new(Reflection::new(gateway.clone()))
+                .oneshot(request)
+                .await
+        }
+        _ => {
+            let reflection = V1Alpha(Reflection::new(gateway.clone()));
+            V1AlphaServer::new(reflection).oneshot(request).await
+        }
+    };
+    match answered {
+        Ok(response) => response,
+        Err(never) => match never {},
     }
 }

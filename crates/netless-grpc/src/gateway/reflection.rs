@@ -26,6 +26,7 @@ use v1::server_reflection_request::MessageRequest;
 use v1::server_reflection_response::MessageResponse;
 
 use super::allow::AllowList;
+use super::health::serving_status;
 use super::own::{is_own, OWN, REFLECTION_V1, REFLECTION_V1ALPHA};
 use super::Gateway;
 use crate::channel::Channel;
@@ -54,7 +55,7 @@ impl Reflection {
         let message = match &request.message_request {
             None => error(tonic::Code::InvalidArgument, "the request asks nothing"),
             Some(MessageRequest::ListServices(_)) => {
-                let names = self.gateway.reflected_services().await;
+                let names = self.services().await;
                 MessageResponse::ListServicesResponse(v1::ListServiceResponse {
                     service: names
                         .into_iter()
@@ -131,7 +132,10 @@ async fn ask(
             .await
             .ok()?
             .into_inner();
-        let answer = answers.message().await.ok()??;
+        let answer = match answers.message().await {
+            Ok(answer) => answer?,
+            Err(status) => return Some(status_error(&status)),
+        };
         let answer: v1::ServerReflectionResponse = transcode(&answer)?;
         answer.message_response
     } else {
@@ -141,7 +145,19 @@ async fn ask(
             .await
             .ok()?
             .into_inner();
-        answers.message().await.ok()??.message_response
+        match answers.message().await {
+            Ok(answer) => answer?.message_response,
+            Err(status) => Some(status_error(&status)),
+        }
+    }
+}
+
+/// A backend's stream that ended with `status` (as `tonic-reflection` ends one for a
+/// symbol it does not know), as an error answer: its code, and no words of the backend's.
+fn status_error(status: &tonic::Status) -> MessageResponse {
+    match status.code() {
+        tonic::Code::NotFound => error(tonic::Code::NotFound, "not found"),
+        code => error(code, "the reflection service failed"),
     }
 }
 
@@ -253,11 +269,11 @@ fn strip_services(files: &mut Vec<Vec<u8>>, allow: &AllowList) -> Vec<String> {
     removed
 }
 
-impl Gateway {
+impl Reflection {
     /// The services reflection lists: the gateway's own, and those the allow-list lets in
     /// that are up, from the socket directory.
-    async fn reflected_services(&self) -> Vec<String> {
-        let inner = &*self.inner;
+    async fn services(&self) -> Vec<String> {
+        let inner = &*self.gateway.inner;
         let dir = inner.backends.spec().config.dir.clone();
         let mut candidates: Vec<String> = dir
             .and_then(|dir| std::fs::read_dir(dir).ok())
@@ -271,9 +287,9 @@ impl Gateway {
         candidates.dedup();
         let mut checks = tokio::task::JoinSet::new();
         for name in candidates.into_iter().take(MAX_LISTED) {
-            let gateway = self.clone();
+            let gateway = self.gateway.clone();
             checks.spawn(async move {
-                let status = gateway.serving_status(&name).await;
+                let status = serving_status(&gateway, &name).await;
                 (status == Some(ServingStatus::Serving)).then_some(name)
             });
         }

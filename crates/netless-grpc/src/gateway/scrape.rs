@@ -57,59 +57,68 @@ impl Gateway {
         listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
-        let slots = Arc::new(Semaphore::new(MAX_SCRAPERS));
-        tokio::pin!(shutdown);
-        loop {
-            let socket = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((socket, _)) => socket,
-                    Err(e) => {
-                        tracing::warn!("metrics accept: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => return Ok(()),
-            };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                continue;
-            };
-            let gateway = self.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let gateway = gateway.clone();
-                    async move { Ok::<_, Infallible>(gateway.scrape(&request)) }
-                });
-                let mut http1 = hyper::server::conn::http1::Builder::new();
-                http1
-                    .timer(TokioTimer::new())
-                    .keep_alive(false)
-                    .header_read_timeout(SCRAPE_TIMEOUT);
-                let served = http1.serve_connection(TokioIo::new(socket), service);
-                let _ = tokio::time::timeout(SCRAPE_TIMEOUT, served).await;
-                drop(slot);
-            });
-        }
+        serve(self, listener, shutdown).await
     }
+}
 
-    /// The answer to one request of the metrics listener.
-    fn scrape<B>(&self, request: &http::Request<B>) -> Response<Full<Bytes>> {
-        let reply = |status: StatusCode, body: String| {
-            let mut response = Response::new(Full::new(Bytes::from(body)));
-            *response.status_mut() = status;
-            response
+/// [`Gateway::serve_metrics`].
+async fn serve(
+    gateway: Gateway,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(MAX_SCRAPERS));
+    tokio::pin!(shutdown);
+    loop {
+        let socket = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, _)) => socket,
+                Err(e) => {
+                    tracing::warn!("metrics accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return Ok(()),
         };
-        if request.uri().path() != "/metrics" {
-            return reply(StatusCode::NOT_FOUND, "see /metrics\n".into());
-        }
-        if !matches!(*request.method(), Method::GET | Method::HEAD) {
-            return reply(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n".into());
-        }
-        let mut response = reply(StatusCode::OK, self.metrics_text());
-        response.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static(CONTENT_TYPE),
-        );
-        response
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let gateway = gateway.clone();
+                async move { Ok::<_, Infallible>(scrape(&gateway, &request)) }
+            });
+            let mut http1 = hyper::server::conn::http1::Builder::new();
+            http1
+                .timer(TokioTimer::new())
+                .keep_alive(false)
+                .header_read_timeout(SCRAPE_TIMEOUT);
+            let served = http1.serve_connection(TokioIo::new(socket), service);
+            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, served).await;
+            drop(slot);
+        });
     }
+}
+
+/// The answer to one request of the metrics listener.
+fn scrape<B>(gateway: &Gateway, request: &http::Request<B>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response
+    };
+    if request.uri().path() != "/metrics" {
+        return reply(StatusCode::NOT_FOUND, "see /metrics\n".into());
+    }
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n".into());
+    }
+    let mut response = reply(StatusCode::OK, gateway.metrics_text());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(CONTENT_TYPE),
+    );
+    response
 }
