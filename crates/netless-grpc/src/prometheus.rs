@@ -287,7 +287,9 @@ pub struct Replica<'a> {
 /// path reads no clock for the other fifteen. Nothing is recorded per method. So:
 ///
 /// - `grpc_server_call_started_total` (with `grpc_families`): calls answered, counted when
-///   the handler returns (a deferred reply: when it is deferred);
+///   the handler returns (a deferred reply: when it is deferred); for a gRPC service served
+///   by `GrpcServer`, a call that becomes a stream adds the netless calls of its stream
+///   operations (`recv`, `send`, ...);
 /// - `netless_server_calls_total{grpc_status}`: the same calls by the status of the
 ///   netless reply (for a gRPC service served by `GrpcServer` the gRPC status travels in
 ///   its trailers, so failures the service reports count as `OK` here);
@@ -308,7 +310,8 @@ pub fn write_replicas(out: &mut Exposition, replicas: &[Replica<'_>], grpc_famil
         out.family(
             "grpc_server_call_started_total",
             Kind::Counter,
-            "Calls the replica answered (counted when the handler returns).",
+            "Netless calls the replica answered (counted when the handler returns; a gRPC \
+             stream's operations are calls too).",
         );
         for r in replicas {
             out.sample("grpc_server_call_started_total", &r.labels, r.stats.calls);
