@@ -43,7 +43,7 @@ pub(crate) fn is_own_method(service: &str, method: &str) -> bool {
 }
 
 /// Answers a call of `gateway` to own service `service` (`is_own`); `deadline` ends a
-/// `Watch`.
+/// `Watch` or a reflection stream.
 pub(super) async fn answer(
     gateway: &Gateway,
     service: &str,
@@ -56,12 +56,12 @@ pub(super) async fn answer(
             HealthServer::new(health).oneshot(request).await
         }
         REFLECTION_V1 => {
-            V1Server::new(Reflection::new(gateway.clone()))
+            V1Server::new(Reflection::new(gateway.clone(), deadline))
                 .oneshot(request)
                 .await
         }
         _ => {
-            let reflection = V1Alpha(Reflection::new(gateway.clone()));
+            let reflection = V1Alpha(Reflection::new(gateway.clone(), deadline));
             V1AlphaServer::new(reflection).oneshot(request).await
         }
     };

@@ -40,14 +40,16 @@ const MAX_LISTED: usize = 1000;
 /// The reflection service of one call (both versions; `v1alpha` through [`V1Alpha`]).
 pub(super) struct Reflection {
     gateway: Gateway,
+    /// The call's deadline, which ends its stream.
+    deadline: Option<Instant>,
 }
 
 /// The same, answering `v1alpha` (its messages are `v1`'s, field for field).
 pub(super) struct V1Alpha(pub(super) Reflection);
 
 impl Reflection {
-    pub(super) fn new(gateway: Gateway) -> Reflection {
-        Reflection { gateway }
+    pub(super) fn new(gateway: Gateway, deadline: Option<Instant>) -> Reflection {
+        Reflection { gateway, deadline }
     }
 
     /// The answer to one request.
@@ -314,15 +316,29 @@ fn service_of_socket(file_name: &str) -> Option<String> {
     (!service.is_empty()).then(|| service.to_string())
 }
 
-/// Answers the requests of one stream with `answer`, in order, until the client ends it.
+/// Answers the requests of one stream with `answer`, in order, until the client ends it
+/// or `deadline` passes (then `DEADLINE_EXCEEDED`).
 macro_rules! serve_stream {
-    ($request:expr, $answer:expr) => {{
+    ($request:expr, $deadline:expr, $answer:expr) => {{
         let mut inbound = $request.into_inner();
+        let deadline: Option<Instant> = $deadline;
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
+            let ends = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(ends);
             loop {
                 let request = tokio::select! {
                     () = tx.closed() => return,
+                    () = &mut ends => {
+                        let passed = tonic::Status::deadline_exceeded("the call's deadline passed");
+                        let _ = tx.send(Err(passed)).await;
+                        return;
+                    }
                     next = inbound.message() => match next {
                         Ok(Some(request)) => request,
                         _ => return,
@@ -346,8 +362,8 @@ impl v1::server_reflection_server::ServerReflection for Reflection {
         &self,
         request: tonic::Request<tonic::Streaming<v1::ServerReflectionRequest>>,
     ) -> Result<tonic::Response<Self::ServerReflectionInfoStream>, tonic::Status> {
-        let this = Reflection::new(self.gateway.clone());
-        serve_stream!(request, |r| this.answer(r))
+        let this = Reflection::new(self.gateway.clone(), self.deadline);
+        serve_stream!(request, self.deadline, |r| this.answer(r))
     }
 }
 
@@ -360,15 +376,19 @@ impl v1alpha::server_reflection_server::ServerReflection for V1Alpha {
         &self,
         request: tonic::Request<tonic::Streaming<v1alpha::ServerReflectionRequest>>,
     ) -> Result<tonic::Response<Self::ServerReflectionInfoStream>, tonic::Status> {
-        let this = Reflection::new(self.0.gateway.clone());
-        serve_stream!(request, |r: v1alpha::ServerReflectionRequest| {
-            let this = &this;
-            async move {
-                let request = transcode(&r).unwrap_or_default();
-                let answer = this.answer(request).await;
-                transcode(&answer).unwrap_or_default()
+        let this = Reflection::new(self.0.gateway.clone(), self.0.deadline);
+        serve_stream!(
+            request,
+            self.0.deadline,
+            |r: v1alpha::ServerReflectionRequest| {
+                let this = &this;
+                async move {
+                    let request = transcode(&r).unwrap_or_default();
+                    let answer = this.answer(request).await;
+                    transcode(&answer).unwrap_or_default()
+                }
             }
-        })
+        )
     }
 }
 
