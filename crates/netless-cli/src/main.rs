@@ -20,7 +20,7 @@ enum Command {
     /// Call a service repeatedly, like ping(8), and summarise the round-trip times.
     Ping(cmd::ping::Args),
     /// Forward gRPC/HTTP2 (and TLS) from the network to the netless services --allow names.
-    Gateway(cmd::gateway::Args),
+    Gateway(Box<cmd::gateway::Args>),
     /// Size a receive buffer from the queueing model: Erlang-C E\[Nq\] and 10 × E\[Nq\] × B.
     Size(cmd::size::Args),
     /// Simulate a k-worker server (single queue vs partitioned) and check it against Erlang-C.
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::EchoServer(args) => cmd::echo_server::run(args),
         Command::Ping(args) => cmd::ping::run(args),
-        Command::Gateway(args) => cmd::gateway::run(args),
+        Command::Gateway(args) => cmd::gateway::run(*args),
         Command::Size(args) => cmd::size::run(args),
         Command::Stat(args) => cmd::stat::run(args),
         Command::Ctl(args) => cmd::ctl::run(args),

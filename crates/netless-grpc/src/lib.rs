@@ -30,10 +30,12 @@ mod channel;
 pub mod fuzzing;
 mod gateway;
 mod mapping;
+pub mod prometheus;
 mod protocol;
 mod server;
 mod session;
 mod stream;
+mod trace;
 
 pub use channel::{Channel, ChannelOptions, Location, Resolver, TARGETS_ENV, TLS_CA_ENV};
 pub use gateway::{

@@ -30,6 +30,7 @@ use crate::protocol::{
     split_stream_payload, CANCEL, CLOSE_SEND, MORE, RECV, SEND, SESSION, STREAM_PREFIX, WINDOW,
 };
 use crate::session::{response_head, Sessions, MAX_DELIVERY, MAX_SESSIONS};
+use crate::trace::{self, Side};
 use tcp::{Listen, TcpServing};
 
 /// Builds and serves a set of tonic services over netless and, with [`GrpcServer::tcp`],
@@ -448,6 +449,10 @@ impl Shared {
         if req.method.starts_with(STREAM_PREFIX) {
             return self.stream_op(req, resp);
         }
+        let span = trace::call_span(Side::Server, req.method, || {
+            req.metadata.get(trace::TRACEPARENT)
+        });
+        let _entered = span.enter();
         if req.metadata.get(MORE).is_some() {
             return self.open_client_stream(req, resp);
         }
@@ -617,15 +622,19 @@ impl Shared {
         let service = self.service.clone();
         let task = {
             let session = session.clone();
-            self.runtime.spawn(async move {
-                let Ok(response) = service.oneshot(request).await;
-                let (parts, body) = response.into_parts();
-                let trailers_only = parts.headers.contains_key("grpc-status");
-                session.set_head(&parts.headers);
-                if !trailers_only {
-                    session.pump(body).await;
-                }
-            })
+            let span = tracing::Span::current();
+            self.runtime.spawn(tracing::Instrument::instrument(
+                async move {
+                    let Ok(response) = service.oneshot(request).await;
+                    let (parts, body) = response.into_parts();
+                    let trailers_only = parts.headers.contains_key("grpc-status");
+                    session.set_head(&parts.headers);
+                    if !trailers_only {
+                        session.pump(body).await;
+                    }
+                },
+                span,
+            ))
         };
         session.set_task(task.abort_handle());
         let mut metadata = Metadata::new();

@@ -280,6 +280,26 @@ impl ReplicaStats {
         None
     }
 
+    /// The sampled service times as buckets: `(from, below, count)`, `count` samples of at
+    /// least `from` and less than `below` (`None`: no upper bound), in order. Every bucket
+    /// is listed, empty ones too; their widths are a quarter of a power of two (at most 19%
+    /// of `from`).
+    pub fn latency_buckets(&self) -> impl Iterator<Item = (Duration, Option<Duration>, u64)> + '_ {
+        let last = self
+            .latency
+            .len()
+            .saturating_sub(1)
+            .min(LATENCY_BUCKETS - 1);
+        self.latency
+            .iter()
+            .take(LATENCY_BUCKETS)
+            .enumerate()
+            .map(move |(b, n)| {
+                let below = (b < last).then(|| Duration::from_nanos(latency_bucket_floor(b + 1)));
+                (Duration::from_nanos(latency_bucket_floor(b)), below, *n)
+            })
+    }
+
     /// The mean batch size (requests per queue entry).
     pub fn mean_batch(&self) -> f64 {
         if self.entries == 0 {
@@ -399,5 +419,14 @@ mod tests {
         assert!((800..=1000).contains(&p50), "{p50}");
         let p99 = s.latency_quantile(0.99).unwrap().as_nanos() as u64;
         assert!((40_000..=50_000).contains(&p99), "{p99}");
+        let buckets: Vec<_> = s.latency_buckets().collect();
+        assert_eq!(buckets.len(), LATENCY_BUCKETS);
+        assert_eq!(buckets.iter().map(|b| b.2).sum::<u64>(), 100);
+        for pair in buckets.windows(2) {
+            assert_eq!(pair[0].1, Some(pair[1].0));
+        }
+        assert_eq!(buckets.last().unwrap().1, None);
+        let (from, below, n) = buckets[latency_bucket(1000)];
+        assert!(from.as_nanos() <= 1000 && below.unwrap().as_nanos() > 1000 && n == 98);
     }
 }

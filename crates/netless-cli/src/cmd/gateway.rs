@@ -95,6 +95,14 @@ pub struct Args {
     /// that does not are UNAVAILABLE, and calls to other services go on.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub backend_connect_timeout: Duration,
+    /// Serve the gateway's metrics in the Prometheus text format at `http://ADDR/metrics`,
+    /// on a plain-HTTP listener of its own (port 0 picks a free one): its calls in and its
+    /// egress tries (gRFC A66 names: `grpc_server_call_*`, `grpc_client_attempt_*`), its
+    /// connections and refusals, and the counters of the netless servers it forwards to.
+    /// Printed as `METRICS ADDR` once listening. Anyone who reaches it sees the services
+    /// called: keep it on loopback or a private network.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
     /// Pin the gateway (all its threads) to this CPU.
     #[arg(long)]
     pub pin_cpu: Option<usize>,
@@ -291,6 +299,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(serving)
     };
     runtime.block_on(async {
+        if let Some(addr) = args.metrics {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr} for metrics"))?;
+            println!("METRICS {}", listener.local_addr()?);
+            std::io::stdout().flush()?;
+            // Ends with the runtime, when the gateway stops.
+            tokio::spawn(
+                gateway
+                    .clone()
+                    .serve_metrics(listener, std::future::pending()),
+            );
+        }
         if args.allow.is_empty() {
             shutdown_signal().await;
             eprintln!("gateway: bye");

@@ -27,8 +27,14 @@ pub struct Args {
     /// fabric) if omitted.
     pub service: Option<String>,
     /// Print one snapshot as JSON (totals since the server started, no rates) and exit.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     pub json: bool,
+    /// Print one snapshot in the Prometheus text format (totals since the server started)
+    /// and exit: `grpc_server_call_started_total`, `netless_server_calls_total` by
+    /// `grpc_status`, the sampled service-time histogram and the other counters, labelled
+    /// `netless_service` and `netless_replica` (see `netless_grpc::prometheus`).
+    #[arg(long)]
+    pub prometheus: bool,
     /// Time between refreshes, in milliseconds.
     #[arg(long, short = 'i', default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..))]
@@ -60,6 +66,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .collect();
         let text = serde_json::to_string_pretty(&JsonSnapshot { services })?;
         println!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.prometheus {
+        print!("{}", prometheus(&watch));
         return Ok(ExitCode::SUCCESS);
     }
     let interval = Duration::from_millis(args.interval_ms);
@@ -472,6 +482,34 @@ fn latency(d: Option<Duration>) -> String {
     } else {
         format!("{:.2}ms", ns / 1e6)
     }
+}
+
+/// What `--prometheus` prints: every member's counters, read once.
+fn prometheus(watch: &Watch) -> String {
+    use netless_grpc::prometheus::{write_replicas, Exposition, Replica};
+    let stats: Vec<(&Socket, ReplicaStats, String)> = watch
+        .members
+        .iter()
+        .map(|(socket, member)| {
+            let replica = socket.replica.map(|n| n.to_string()).unwrap_or_default();
+            (socket, member.client.replica_stats(), replica)
+        })
+        .collect();
+    let replicas: Vec<Replica<'_>> = stats
+        .iter()
+        .map(|(socket, stats, replica)| Replica {
+            labels: vec![
+                ("netless_service", socket.service.as_str()),
+                ("netless_replica", replica.as_str()),
+            ],
+            stats,
+            // This tool's own.
+            own_connections: 1,
+        })
+        .collect();
+    let mut out = Exposition::new();
+    write_replicas(&mut out, &replicas, true);
+    out.finish()
 }
 
 /// What `--json` prints.

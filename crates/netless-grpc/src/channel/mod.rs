@@ -19,12 +19,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use netless::{Client, ClientConfig, Status};
+use tracing::Instrument as _;
 
 pub(crate) use local::{call, status_response};
 pub use options::{ChannelOptions, TLS_CA_ENV};
 pub use resolver::{Resolver, TARGETS_ENV};
 pub use target::Location;
 use target::Target;
+
+use crate::trace::{self, Side};
 
 /// A tonic transport to a service wherever it runs:
 /// `GreeterClient::new(Channel::target("helloworld.Greeter")?)`.
@@ -204,22 +207,32 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Channel {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> ResponseFuture {
+        let span = trace::call_span(Side::Client, request.uri().path(), || {
+            let traceparent = request.headers().get(trace::TRACEPARENT);
+            traceparent.map(|v| v.as_bytes())
+        });
         match &self.route {
             Route::Local(client) => {
                 let client = client.clone();
-                Box::pin(async move {
-                    Ok(call(client, request)
-                        .await
-                        .unwrap_or_else(|status| status_response(&status)))
-                })
+                Box::pin(
+                    async move {
+                        Ok(call(client, request)
+                            .await
+                            .unwrap_or_else(|status| status_response(&status)))
+                    }
+                    .instrument(span),
+                )
             }
             Route::Remote(channel, default_timeout) => {
                 let (channel, location) = (channel.clone(), self.location.clone());
                 let default_timeout = *default_timeout;
-                Box::pin(async move {
-                    let target = location.to_string();
-                    Ok(remote::call(channel, &target, default_timeout, request).await)
-                })
+                Box::pin(
+                    async move {
+                        let target = location.to_string();
+                        Ok(remote::call(channel, &target, default_timeout, request).await)
+                    }
+                    .instrument(span),
+                )
             }
         }
     }

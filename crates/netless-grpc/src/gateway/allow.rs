@@ -52,6 +52,16 @@ impl AllowList {
         !is_internal(service) && self.patterns.iter().any(|p| p.matches(service))
     }
 
+    /// Whether a pattern names `service` itself, not by a prefix or `*` (and it is not
+    /// internal).
+    pub(crate) fn names(&self, service: &str) -> bool {
+        !is_internal(service)
+            && self
+                .patterns
+                .iter()
+                .any(|p| matches!(p, Pattern::Exact(name) if name == service))
+    }
+
     /// Whether no pattern was added (the gateway forwards nothing).
     pub(crate) fn is_empty(&self) -> bool {
         self.patterns.is_empty()

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use netless::{Client, ClientConfig};
+use netless::{Client, ClientConfig, ReplicaStats};
 use tokio::sync::watch;
 
 /// Extra time a caller gives a connect beyond the connect timeout (the handshake's own
@@ -98,6 +98,25 @@ impl Backends {
         });
         services.insert(service.to_string(), backend.clone());
         backend
+    }
+}
+
+impl Backends {
+    /// The counters of the server of each service this gateway has a live link to, read
+    /// from that link's shared memory (every link of a service goes to the one server that
+    /// holds its name), sorted by service.
+    pub(crate) fn replica_stats(&self) -> Vec<(String, ReplicaStats)> {
+        let backends: Vec<Arc<Backend>> = lock(&self.services).values().cloned().collect();
+        let mut stats: Vec<(String, ReplicaStats)> = backends
+            .iter()
+            .filter_map(|backend| {
+                let pool = lock(&backend.pool);
+                let link = pool.links.iter().find(|l| !l.client.is_closed())?;
+                Some((backend.service.clone(), link.client.replica_stats()))
+            })
+            .collect();
+        stats.sort_by(|a, b| a.0.cmp(&b.0));
+        stats
     }
 }
 

@@ -17,7 +17,8 @@
 //! Module map: `allow` (which services), `auth` (bearer tokens), `tls`, `serve`
 //! (connections), `admission` (calls per connection and per service), `backends` (the
 //! netless connections), `public` (what remote callers are told), `coalesce` (writes),
-//! `egress` (the remote services served locally).
+//! `egress` (the remote services served locally), `own` (the services it answers itself:
+//! `health`, `reflection`), `metrics` (its counters) and `scrape` (its `/metrics`).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -48,6 +49,7 @@ use allow::AllowList;
 use auth::BearerToken;
 use backends::{Backends, LinkSpec};
 use egress::Plan;
+use metrics::{Metrics, ServerCall};
 use public::Scrubber;
 
 mod admission;
@@ -56,7 +58,12 @@ pub(crate) mod auth;
 mod backends;
 mod coalesce;
 mod egress;
+mod health;
+mod metrics;
+mod own;
 pub(crate) mod public;
+mod reflection;
+mod scrape;
 mod serve;
 mod tls;
 
@@ -347,6 +354,7 @@ struct Inner {
     /// The remote services served locally.
     egress: Vec<Arc<Plan>>,
     scrubber: Arc<Scrubber>,
+    metrics: Arc<Metrics>,
     calls: AtomicU64,
     refused: AtomicU64,
     refused_connections: AtomicU64,
@@ -417,6 +425,7 @@ impl Gateway {
                 shared_cap,
                 egress,
                 scrubber,
+                metrics: Arc::default(),
                 calls: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
                 refused_connections: AtomicU64::new(0),
@@ -439,18 +448,43 @@ impl Gateway {
         self.inner.refused_connections.load(Ordering::Relaxed)
     }
 
-    /// Forwards one call from `remote` to the netless service its path names, if allowed.
+    /// Forwards one call from `remote` to the netless service its path names, if allowed,
+    /// in its span, counting it in the metrics.
     async fn forward(
         &self,
         request: http::Request<Incoming>,
         remote: &Arc<RemoteConnection>,
     ) -> http::Response<tonic::body::Body> {
+        use tracing::Instrument as _;
         let inner = &*self.inner;
         inner.calls.fetch_add(1, Ordering::Relaxed);
+        let mut call = inner.metrics.server_call();
+        let span =
+            crate::trace::call_span(crate::trace::Side::Gateway, request.uri().path(), || {
+                let traceparent = request.headers().get(crate::trace::TRACEPARENT);
+                traceparent.map(|v| v.as_bytes())
+            });
+        let response = self
+            .route(request, remote, &mut call)
+            .instrument(span)
+            .await;
+        call.respond(response)
+    }
+
+    /// [`Gateway::forward`]'s call: the gateway's own services are answered, the others
+    /// checked and forwarded.
+    async fn route(
+        &self,
+        request: http::Request<Incoming>,
+        remote: &Arc<RemoteConnection>,
+        call: &mut ServerCall,
+    ) -> http::Response<tonic::body::Body> {
+        let inner = &*self.inner;
         let request = match self.authenticate(request, remote) {
             Ok(request) => request,
             Err(status) => {
                 inner.refused.fetch_add(1, Ordering::Relaxed);
+                call.refused();
                 return status_response(&status);
             }
         };
@@ -460,10 +494,20 @@ impl Gateway {
             _activity: Some(remote.begin()),
             ..Held::default()
         };
-        let request = match self.admit(request, remote, &mut held).await {
+        if let Some((service, method)) = own_method_of(request.uri().path()) {
+            call.label(service, method);
+            let (service, mut request) = (service.to_string(), request);
+            let deadline = self.deadline(request.headers_mut());
+            let response = own::answer(self, &service, request, deadline).await;
+            let (parts, body) = response.into_parts();
+            let body = CallBody::new(body, held, inner.scrubber.clone());
+            return http::Response::from_parts(parts, tonic::body::Body::new(body));
+        }
+        let request = match self.admit(request, remote, &mut held, call).await {
             Ok(request) => request,
             Err(status) => {
                 inner.refused.fetch_add(1, Ordering::Relaxed);
+                call.refused();
                 return status_response(&status);
             }
         };
@@ -519,6 +563,7 @@ impl Gateway {
         mut request: http::Request<Incoming>,
         remote: &Arc<RemoteConnection>,
         held: &mut Held,
+        call: &mut ServerCall,
     ) -> Result<http::Request<Incoming>, Status> {
         let inner = &*self.inner;
         let path = request.uri().path();
@@ -548,6 +593,8 @@ impl Gateway {
                 .await
                 .map_err(|why| public::no_link(&service, why))?,
         );
+        let method = &request.uri().path()[service.len() + 2..];
+        call.label(&service, method);
         Ok(request)
     }
 
@@ -561,6 +608,20 @@ impl Gateway {
 pub(crate) fn service_of(path: &str) -> Option<&str> {
     let (service, method) = path.strip_prefix('/')?.split_once('/')?;
     (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some(service)
+}
+
+/// `(service, method)` of a path to one of the gateway's own services.
+fn own_method_of(path: &str) -> Option<(&str, &str)> {
+    let service = service_of(path).filter(|s| own::is_own(s))?;
+    let method = &path[service.len() + 2..];
+    Some((
+        service,
+        if own::is_own_method(service, method) {
+            method
+        } else {
+            ""
+        },
+    ))
 }
 
 #[cfg(test)]

@@ -93,6 +93,7 @@ impl Gateway {
         _held: (OwnedSemaphorePermit, PeerPlace),
     ) {
         let limits = &self.inner.limits;
+        let _open = self.inner.metrics.connection();
         let remote = RemoteConnection::new(limits.max_calls_per_connection);
         let served = match tls {
             None => self.http2(socket, remote).await,

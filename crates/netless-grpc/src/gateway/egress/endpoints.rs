@@ -122,6 +122,11 @@ impl Endpoints {
         (channel, Load(remote.load.clone()))
     }
 
+    /// Endpoint `i` as configured (`http://host:port`).
+    pub(super) fn shown(&self, i: usize) -> &str {
+        &self.all[i].shown
+    }
+
     /// The URI of a request to `path` on endpoint `i`: its scheme and authority, `path`.
     pub(super) fn uri(&self, i: usize, path: &http::uri::PathAndQuery) -> http::Uri {
         let origin = self.all[i].endpoint.uri();

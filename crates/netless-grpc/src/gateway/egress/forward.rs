@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use netless::Status;
+use netless::{Code, Status};
 use tokio_rustls::rustls;
 use tower::ServiceExt as _;
 use tower_service::Service;
@@ -37,6 +37,7 @@ use super::body::{Attempt, RemoteBody, TryBody};
 use super::endpoints::Endpoints;
 use super::{error_chain, Plan};
 use crate::channel::status_response;
+use crate::gateway::metrics::{observe, Metrics};
 use crate::gateway::GatewayLimits;
 use crate::mapping::{format_grpc_timeout, method_of, unknown_method, GRPC_TIMEOUT};
 
@@ -70,16 +71,24 @@ struct Shared {
     endpoints: Endpoints,
     retries: u32,
     limits: GatewayLimits,
+    /// Where each try is counted (`grpc_client_attempt_*`).
+    metrics: Arc<Metrics>,
 }
 
 impl Forward {
-    pub(super) fn new(plan: &Plan, endpoints: Endpoints, limits: GatewayLimits) -> Forward {
+    pub(super) fn new(
+        plan: &Plan,
+        endpoints: Endpoints,
+        limits: GatewayLimits,
+        metrics: Arc<Metrics>,
+    ) -> Forward {
         Forward {
             shared: Arc::new(Shared {
                 service: plan.service.clone(),
                 endpoints,
                 retries: plan.retries,
                 limits,
+                metrics,
             }),
         }
     }
@@ -126,6 +135,9 @@ impl Shared {
                     .headers
                     .insert(GRPC_TIMEOUT, format_grpc_timeout(deadline));
             }
+            let method = &path.path()[self.service.len() + 2..];
+            let shown = self.endpoints.shown(i);
+            let counted = self.metrics.client_attempt(&self.service, method, shown);
             let (attempt, try_body) = Attempt::new(next);
             let request = request_of(&parts, self.endpoints.uri(i, &path), try_body);
             attempt.arm();
@@ -134,22 +146,31 @@ impl Shared {
             let outcome = match deadline {
                 Some(deadline) => match tokio::time::timeout_at(deadline.into(), sent).await {
                     Ok(outcome) => outcome,
-                    Err(_) => return status_response(&self.deadline_passed()),
+                    Err(_) => {
+                        counted.finish(Code::DeadlineExceeded);
+                        return status_response(&self.deadline_passed());
+                    }
                 },
                 None => sent.await,
             };
             let error = match outcome {
                 Ok(response) => {
                     self.endpoints.answered(i);
-                    return response.map(|remote| {
+                    let response = response.map(|remote| {
                         let service = self.service.clone();
                         tonic::body::Body::new(RemoteBody::new(remote, deadline, service, load))
                     });
+                    return observe(response, counted);
                 }
                 Err(error) => error,
             };
             drop(load);
             let why = Failure::of(&error);
+            counted.finish(if why.deadline {
+                Code::DeadlineExceeded
+            } else {
+                Code::Unavailable
+            });
             if why.deadline {
                 return status_response(&self.deadline_passed());
             }

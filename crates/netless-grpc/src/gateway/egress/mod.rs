@@ -282,7 +282,8 @@ impl Gateway {
         for plan in &inner.egress {
             // Fresh endpoints per serving: their connections live in its runtime.
             let endpoints = Endpoints::new(&plan.endpoints);
-            let forward = Forward::new(plan, endpoints, inner.limits.clone());
+            let forward =
+                Forward::new(plan, endpoints, inner.limits.clone(), inner.metrics.clone());
             server = server.add_named(plan.service.to_string(), forward);
         }
         server.serve().map_err(|status| {
