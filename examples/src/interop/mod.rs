@@ -12,6 +12,7 @@
 //! (grpc-go's is run so in the CLI's `interop_suite` test); the Rust client calls it over
 //! netless directly.
 
+pub mod client;
 pub mod server;
 
 /// Generated code of `proto/grpc/testing/{empty,messages,test}.proto`.
