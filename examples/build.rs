@@ -2,7 +2,14 @@
 //! Rust and `tonic-prost-build` writes the code into `OUT_DIR`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTOS: [&str; 2] = ["proto/helloworld.proto", "proto/route_guide.proto"];
+    const PROTOS: [&str; 5] = [
+        "proto/helloworld.proto",
+        "proto/route_guide.proto",
+        // grpc's interop test service (`grpc.testing.TestService`) and what it imports
+        "proto/grpc/testing/empty.proto",
+        "proto/grpc/testing/messages.proto",
+        "proto/grpc/testing/test.proto",
+    ];
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }

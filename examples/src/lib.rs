@@ -3,7 +3,9 @@
 //!
 //! - [`greeter`], `helloworld.Greeter/SayHello`;
 //! - [`routeguide`], `routeguide.RouteGuide`, with a unary, a server-streaming, a
-//!   client-streaming and a bidirectional method.
+//!   client-streaming and a bidirectional method;
+//! - [`interop`], gRPC's interop test service `grpc.testing.TestService` and the client
+//!   side of its test cases (`interop_server`, `interop_client`).
 //!
 //! The binaries (`greeter_server`, `greeter_client`, `routeguide_server`,
 //! `routeguide_client`) take `--transport tcp|netless|both`; the service code never changes.
@@ -26,6 +28,7 @@
 
 pub mod checks;
 pub mod greeter;
+pub mod interop;
 pub mod peer;
 pub mod routeguide;
 pub mod serve;

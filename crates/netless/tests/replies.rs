@@ -214,3 +214,60 @@ fn a_reply_larger_than_the_client_accepts_fails_that_call_only() {
     );
     drop(server);
 }
+
+/// A reply larger than the client's response ring goes in as the client reads: the rest
+/// waits in the server's backlog, and the workers push it on as soon as the client has made
+/// room, not when an idle worker's 100 ms sleep ends. So a 1 MiB reply through a 64 KiB ring
+/// (some thirty refills) meets a one-second deadline; and one a thread other than the
+/// worker sends while the worker sleeps (a deferred reply) wakes the worker to push its
+/// rest: eight such take a fraction of the 800 ms that eight such sleeps would.
+#[test]
+fn a_reply_larger_than_the_ring_moves_as_the_client_reads_it() {
+    const SIZE: usize = 1 << 20;
+    let dir = TestDir::new("ringful");
+    let service = "test.Ringful";
+    let server = one_worker(
+        service,
+        &dir,
+        |req: &Request<'_>, resp: &mut ResponseBuilder<'_>| -> Result<(), Status> {
+            if req.method == "now" {
+                resp.payload.resize(SIZE, 7);
+                return Ok(());
+            }
+            let reply = resp.defer()?;
+            thread::spawn(move || {
+                // Long enough for the idle worker to go to sleep.
+                thread::sleep(Duration::from_millis(5));
+                let _ = reply.send(&Metadata::new(), &vec![7; SIZE]);
+            });
+            Ok(())
+        },
+    );
+    let client = Client::connect_with(
+        service,
+        netless::ClientConfig {
+            ring_bytes: 64 * 1024,
+            ..client_config(dir.path())
+        },
+    )
+    .unwrap();
+    let opts = CallOptions::new().timeout(Duration::from_secs(1));
+    let call = |method: &str| {
+        let reply = client
+            .call(method, b"", &opts)
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+        assert_eq!(reply.payload.len(), SIZE, "{method}");
+    };
+    call("now");
+    call("now");
+    let started = std::time::Instant::now();
+    for _ in 0..8 {
+        call("later");
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(400),
+        "8 deferred replies took {took:?}: each waited for the worker's sleep to end"
+    );
+    drop(server);
+}

@@ -3,6 +3,12 @@
 //! leave the reply here and retry between entries and while idle. A backlog older than
 //! `response_stall_limit`, or larger than [`MAX_BACKLOG_BYTES`], closes its connection: its
 //! client stopped reading.
+//!
+//! A client makes room without telling anyone, so while a backlog exists an idle worker
+//! sleeps at most [`BACKLOG_POLL`] between looks, and a connection's first backlogged reply
+//! wakes its group's workers to start looking: a reply larger than the ring (sent by a
+//! deferred reply from any thread, or by a worker) moves on as the client reads, not when
+//! an idle worker's long sleep ends.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -16,6 +22,10 @@ use crate::sync::{AtomicBool, Ordering};
 /// Most bytes of replies a connection's backlog holds; a client that lets more pile up in
 /// it is not reading, and its connection is closed.
 pub const MAX_BACKLOG_BYTES: usize = 4 << 20;
+
+/// The longest an idle worker sleeps while any connection has a backlog: how long the rest
+/// of a reply may wait after its client made room in the ring.
+pub(super) const BACKLOG_POLL: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// The connections with replies in their backlog.
 pub(super) struct Backlogs {
@@ -66,10 +76,23 @@ impl Backlogs {
                     lock(&self.conns).push(me);
                 }
                 self.any.store(true, Ordering::Release);
+                // Idle workers may be in a long sleep: wake them to look often
+                // (`BACKLOG_POLL`) while the backlog lasts.
+                if let Some(group) = server.group(conn) {
+                    for queue in group.replica.queues() {
+                        netless_ring::notify(queue.doorbell());
+                    }
+                }
             }
         }
         netless_ring::notify(conn.segment.doorbell());
         Ok(())
+    }
+
+    /// Whether any connection has a backlog.
+    #[inline(always)]
+    pub(super) fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
     }
 
     /// Pushes what the backlogged connections' rings have room for now, in order; closes a
@@ -78,7 +101,7 @@ impl Backlogs {
     /// has a backlog.
     #[inline]
     pub(super) fn drain(&self, server: &ServerState) {
-        if !self.any.load(Ordering::Acquire) {
+        if !self.any() {
             return;
         }
         self.drain_now(server);

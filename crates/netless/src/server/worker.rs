@@ -14,6 +14,7 @@ use std::time::Instant;
 use netless_ring::prefetch::{prefetch_read, prefetch_read_range};
 use netless_ring::{ConsumerHead, Dequeue};
 
+use super::backlog::BACKLOG_POLL;
 use super::conn::{Conn, ConnCache};
 use super::group::Group;
 use super::notify::NotifySection;
@@ -330,11 +331,19 @@ impl<'a> Worker<'a> {
                     let wait = crate::control::wait_policy(control);
                     let futex_only = wait.mode == netless_ring::WaitMode::Futex;
                     let before = sleeps;
+                    // Clients make room in their rings unannounced: while replies wait for
+                    // it, sleep little (`backlog.rs`).
+                    let backlogged = server.backlogs.any();
+                    let max_sleep = if backlogged {
+                        server.max_sleep().min(BACKLOG_POLL)
+                    } else {
+                        server.max_sleep()
+                    };
                     let item = netless_ring::wait_any_counted(
                         &doorbells,
                         &wait,
                         None,
-                        server.max_sleep(),
+                        max_sleep,
                         &mut sleeps,
                         || {
                             polls = polls.wrapping_add(1);
@@ -350,8 +359,11 @@ impl<'a> Worker<'a> {
                             let taken = take(futex_only || polls.is_multiple_of(256)).map(Some);
                             // Replies waiting for a slow client's ring, while there is time.
                             server.backlogs.drain(server);
-                            // The handler's own work counts as something done: no sleep.
-                            if taken.is_none() && handler_poll() {
+                            // The handler's own work counts as something done: no sleep. A
+                            // backlog that began meanwhile ends a long wait, for a short one.
+                            if taken.is_none()
+                                && (handler_poll() || (!backlogged && server.backlogs.any()))
+                            {
                                 return Some(None);
                             }
                             taken
