@@ -136,14 +136,20 @@ pub(crate) fn method_of<'a>(path: &'a str, service: &str) -> Option<&'a str> {
 /// and protoc takes `_` for a letter. So a name with `/`, `?`, `#`, `%`, `.`, `-`, a
 /// space or anything beyond ASCII names no method any generated service has, and must
 /// not reach a service that routes by path (the gateway's egress forwards whatever path
-/// it is given): such a call is an unknown method.
+/// it is given): such a call is an unknown method. So is a name longer than
+/// [`MAX_METHOD_NAME`] bytes, which no real service has and which would otherwise become a
+/// metrics label of that length.
 pub(crate) fn is_method_name(name: &str) -> bool {
     let mut bytes = name.bytes();
-    bytes
-        .next()
-        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+    name.len() <= MAX_METHOD_NAME
+        && bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
+
+/// The longest method name a call may name.
+pub(crate) const MAX_METHOD_NAME: usize = 128;
 
 /// `UNIMPLEMENTED` for a call to `method`, which is not a method of `service`
 /// (`/service/Method`, see [`method_of`]); at most 100 characters of `method` are repeated.
@@ -272,6 +278,10 @@ mod tests {
         assert_eq!(method_of("/shop.Orders/Get", service), Some("Get"));
         assert_eq!(method_of("/shop.Orders/get_2", service), Some("get_2"));
         assert_eq!(method_of("/shop.Orders/_Get", service), Some("_Get"));
+        let longest = format!("/shop.Orders/{}", "G".repeat(MAX_METHOD_NAME));
+        assert!(method_of(&longest, service).is_some());
+        let longer = format!("/shop.Orders/{}", "G".repeat(MAX_METHOD_NAME + 1));
+        assert_eq!(method_of(&longer, service), None);
         for path in [
             "/admin.Admin/DropAllTables",
             "/shop.Orders/",

@@ -31,7 +31,9 @@ pub(super) async fn serving_status(gateway: &Gateway, service: &str) -> Option<S
     if service.is_empty() || is_own(service) {
         return Some(ServingStatus::Serving);
     }
-    if !inner.allow.allows(service) {
+    // A name no netless service can have is unknown before anything keeps it: the name
+    // comes in the message body (megabytes allowed), not in a header-sized path.
+    if !plausible(service) || !inner.allow.allows(service) {
         return None;
     }
     let deadline = Instant::now() + inner.limits.backend_connect_timeout;
@@ -45,6 +47,16 @@ pub(super) async fn serving_status(gateway: &Gateway, service: &str) -> Option<S
         Err(NoLink::Unknown) if !inner.allow.names(service) => None,
         Err(_) => Some(ServingStatus::NotServing),
     }
+}
+
+/// Whether `service` could name a netless service: at most 100 bytes of `A-Z a-z 0-9 . _
+/// -`, not starting with `.` (the socket directory's rules).
+fn plausible(service: &str) -> bool {
+    service.len() <= 100
+        && !service.starts_with('.')
+        && service
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The health service of one call.
@@ -84,7 +96,11 @@ impl Health for GatewayHealth {
         &self,
         request: tonic::Request<HealthCheckRequest>,
     ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
-        let service = request.into_inner().service;
+        let mut service = request.into_inner().service;
+        if !service.is_empty() && !plausible(&service) {
+            // Unknown for as long as the watch lasts: keep a short stand-in, not the name.
+            service = ".".to_string();
+        }
         let gateway = self.gateway.clone();
         let deadline = self.deadline;
         let (tx, rx) = mpsc::channel(1);
@@ -119,5 +135,21 @@ impl Health for GatewayHealth {
             }
         });
         Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plausible;
+
+    #[test]
+    fn only_names_a_netless_service_can_have_are_plausible() {
+        assert!(plausible("helloworld.Greeter"));
+        assert!(plausible("shop-v2.Orders_1"));
+        assert!(plausible(&"a".repeat(100)));
+        for name in [".hidden", "a/b", "a b", "é"] {
+            assert!(!plausible(name), "{name}");
+        }
+        assert!(!plausible(&format!("shop.{}", "x".repeat(4 << 20))));
     }
 }
