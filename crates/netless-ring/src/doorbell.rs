@@ -28,6 +28,7 @@
 
 use crate::futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
 pub use crate::layout::DoorbellWords;
+use crate::oversubscription::oversubscribed_at;
 use crate::sync::fence;
 use crate::sync::hint::spin_loop;
 use crate::sync::yield_now;
@@ -39,11 +40,14 @@ use std::time::{Duration, Instant};
 /// How a waiter waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WaitMode {
-    /// Poll until the deadline; never sleep (lowest latency, burns a core).
+    /// Poll until the deadline; never sleep (lowest latency, burns a core). While more
+    /// threads are runnable than there are CPUs ([`crate::oversubscription`]) it yields the
+    /// CPU every 64 polls (a few microseconds) rather than hold it.
     Spin,
     /// Poll once, then sleep on the futex (lowest CPU, adds a wake-up to the latency).
     Futex,
-    /// Poll for [`WaitPolicy::spin`], then sleep.
+    /// Poll for [`WaitPolicy::spin`], then sleep; while the machine is oversubscribed the
+    /// polls yield the CPU every so often, as [`WaitMode::Spin`]'s do.
     #[default]
     Adaptive,
     /// Poll for [`WaitPolicy::spin`], giving the CPU to any other runnable thread between
@@ -420,6 +424,11 @@ impl Drop for SleepSet<'_> {
 
 /// Polls for `budget` (`None`: until the deadline), yielding the CPU between polls if
 /// `yielding`. `Ok(None)`: budget spent.
+///
+/// Otherwise the polls spin, and every 64th checks the clock and whether more threads are
+/// runnable than there are CPUs ([`oversubscribed_at`]); if so it yields the CPU: a spin
+/// then holds a CPU another thread, maybe the one that will answer, is queued for. The 64
+/// polls in between (a few microseconds) still catch a reply from a peer that is running.
 fn spin<T>(
     poll: &mut impl FnMut() -> Option<T>,
     deadline: Option<Instant>,
@@ -430,8 +439,6 @@ fn spin<T>(
         return Ok(None);
     }
     let spin_end = budget.and_then(|budget| Instant::now().checked_add(budget));
-    // A yield may last a whole time slice of another thread: check the clock after each.
-    let check_every = if yielding { 1 } else { 64 };
     let mut polls: u32 = 0;
     loop {
         if yielding {
@@ -443,13 +450,17 @@ fn spin<T>(
             return Ok(Some(value));
         }
         polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(check_every) {
+        // A yield may last a whole time slice of another thread: check the clock after each.
+        if yielding || polls.is_multiple_of(64) {
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(TimedOut);
             }
             if spin_end.is_some_and(|end| now >= end) {
                 return Ok(None);
+            }
+            if !yielding && oversubscribed_at(now) {
+                yield_now();
             }
         }
     }

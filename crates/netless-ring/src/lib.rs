@@ -23,6 +23,7 @@
 pub mod doorbell;
 mod futex;
 pub mod layout;
+pub mod oversubscription;
 // Works through `netless_shm::coherence` views of real mappings: not modelled under loom.
 #[cfg(not(loom))]
 pub mod polled;

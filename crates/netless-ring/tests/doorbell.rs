@@ -5,7 +5,7 @@
 // `--cfg loom`) does not apply, and without loom the shim's atomics are std's types anyway.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-use netless_ring::{doorbell, DoorbellWords, TimedOut, WaitMode, WaitPolicy};
+use netless_ring::{doorbell, oversubscription, DoorbellWords, TimedOut, WaitMode, WaitPolicy};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -145,7 +145,10 @@ fn adaptive_idle_waiting_does_not_spin_beyond_its_budget() {
     assert_eq!(got, Err(TimedOut));
     // 200 ms of 20 ms sleeps: ~10 sleeps x 2 polls, no spinning after timed-out sleeps.
     assert!(late_polls <= 40, "{late_polls} polls after the spin budget");
-    assert!(total_polls > 64, "it did spin first ({total_polls} polls)");
+    // While threads outnumber the CPUs the polls yield between them, and may be few.
+    if !oversubscription::oversubscribed() {
+        assert!(total_polls > 64, "it did spin first ({total_polls} polls)");
+    }
 }
 
 #[test]
@@ -165,7 +168,9 @@ fn spin_mode_never_sleeps() {
         },
     );
     assert_eq!(got, Err(TimedOut));
-    assert!(polls > 1000);
+    if !oversubscription::oversubscribed() {
+        assert!(polls > 1000, "{polls} polls in 20 ms");
+    }
 }
 
 #[test]

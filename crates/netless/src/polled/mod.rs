@@ -462,8 +462,9 @@ pub(crate) fn decode_reply(bytes: &[u8]) -> Result<(Result<(), Status>, Metadata
     Ok((status, metadata, md_end))
 }
 
-/// Waiting without a futex: spin for the wait policy's budget since the last thing done,
-/// then yield a while, then sleep longer and longer (at most `max_sleep`).
+/// Waiting without a futex: spin for the wait policy's budget since the last thing done
+/// (unless the machine is oversubscribed), then yield a while, then sleep longer and longer
+/// (at most `max_sleep`).
 #[derive(Debug)]
 pub(crate) struct Backoff {
     round: u32,
@@ -488,8 +489,13 @@ impl Backoff {
     }
 
     pub(crate) fn wait(&mut self) {
-        let since = *self.since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() < self.spin {
+        let now = std::time::Instant::now();
+        let since = *self.since.get_or_insert(now);
+        // While threads queue for the CPUs, a spin holds one another thread needs: go
+        // straight to yielding.
+        if now.duration_since(since) < self.spin
+            && !netless_ring::oversubscription::oversubscribed_at(now)
+        {
             std::hint::spin_loop();
             return;
         }
