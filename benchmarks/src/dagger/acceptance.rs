@@ -35,6 +35,11 @@ pub(super) struct Acceptance {
     /// The two-client sweep's best setting and median throughput.
     pub(super) pairs_best: String,
     pub(super) pairs_best_mrps: f64,
+    /// The two-client sweep's slowest setting, and its median throughput over B=1's with
+    /// one client thread: four busy threads on two CPUs hold at ≥ 0.5.
+    pub(super) pairs_worst: String,
+    pub(super) pairs_worst_over_single_b1: f64,
+    pub(super) pairs_hold_half_of_single_b1: bool,
     /// Context only; not an acceptance criterion.
     pub(super) pace: Option<Pace>,
 }
@@ -157,6 +162,15 @@ pub(super) fn acceptance(
     let (pairs_best, pairs_best_mrps) = best_of(pairs, false);
     let adaptive_mrps = by(single, Setting::Adaptive(ADAPTIVE_MAX));
     let b1_mrps = by(single, Setting::Fixed(1));
+    let (pairs_worst, pairs_worst_mrps) = pairs
+        .iter()
+        .min_by(|a, b| a.median_mrps.total_cmp(&b.median_mrps))
+        .map_or((String::new(), 0.0), |r| (r.setting.clone(), r.median_mrps));
+    let pairs_worst_over_single_b1 = if b1_mrps > 0.0 {
+        pairs_worst_mrps / b1_mrps
+    } else {
+        0.0
+    };
     let row = |s: Setting, fraction: f64| {
         latency
             .iter()
@@ -229,6 +243,9 @@ pub(super) fn acceptance(
         b1_reaches_4_mrps: b1_mrps >= 4.0,
         pairs_best,
         pairs_best_mrps,
+        pairs_worst,
+        pairs_worst_over_single_b1,
+        pairs_hold_half_of_single_b1: !pairs.is_empty() && pairs_worst_over_single_b1 >= 0.5,
         pace,
     }
 }

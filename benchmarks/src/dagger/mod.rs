@@ -22,8 +22,10 @@
 //!    saturated.
 //! 3. **Two client threads** (Fig. 6 right, reported as is): two pipelines, one per client
 //!    thread, against a server with two workers; client thread i and worker i are pinned to
-//!    CPU i, so each core hosts a client and a worker: the workers sleep after a short spin
-//!    (`--pair-spin-us`) and the clients yield when a poll finds nothing.
+//!    CPU i, so each core hosts a client and a worker, four busy threads on two CPUs. The
+//!    workers wait by the adaptive policy (`--pair-spin-us` of polls, then a sleep), whose
+//!    polls yield the CPU between them while runnable threads outnumber the CPUs
+//!    (`netless_ring::oversubscription`); the clients yield when a poll finds nothing.
 //!
 //! The host is shared and noisy, so every row also says what else took the cores while it
 //! was measured: involuntary context switches of the client threads and of the server, and
@@ -221,8 +223,9 @@ impl Setting {
 
 /// How the threads were placed, in words: (single, pairs).
 fn placements(cpus: Option<(usize, usize)>, pair_spin_us: u64) -> (String, String) {
-    let pairs_waits =
-        format!("workers spin {pair_spin_us} µs then sleep, clients yield when a poll is empty");
+    let pairs_waits = format!(
+        "workers poll {pair_spin_us} µs (yielding while threads outnumber CPUs) then sleep, clients yield when a poll is empty"
+    );
     match cpus {
         Some((a, b)) => (
             format!("client thread on CPU {a}, server worker on CPU {b}, both spinning"),

@@ -202,8 +202,12 @@ pub(super) fn print_acceptance(a: &Acceptance) {
         yes(a.b1_reaches_4_mrps)
     );
     println!(
-        "  two client threads: best {} {:.2} Mrps",
-        a.pairs_best, a.pairs_best_mrps
+        "  two client threads: best {} {:.2} Mrps; slowest {} at {} B=1's single-thread rate (≥ 0.50: {})",
+        a.pairs_best,
+        a.pairs_best_mrps,
+        a.pairs_worst,
+        times(a.pairs_worst_over_single_b1),
+        yes(a.pairs_hold_half_of_single_b1)
     );
     let Some(p) = &a.pace else { return };
     println!(
