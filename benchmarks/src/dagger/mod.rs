@@ -24,8 +24,8 @@
 //!    thread, against a server with two workers; client thread i and worker i are pinned to
 //!    CPU i, so each core hosts a client and a worker, four busy threads on two CPUs. The
 //!    workers wait by the adaptive policy (`--pair-spin-us` of polls, then a sleep), whose
-//!    polls yield the CPU between them while runnable threads outnumber the CPUs
-//!    (`netless_ring::oversubscription`); the clients yield when a poll finds nothing.
+//!    polls yield the CPU while another thread is queued for it (`netless_ring::contention`);
+//!    the clients yield when a poll finds nothing.
 //!
 //! The host is shared and noisy, so every row also says what else took the cores while it
 //! was measured: involuntary context switches of the client threads and of the server, and
@@ -224,7 +224,7 @@ impl Setting {
 /// How the threads were placed, in words: (single, pairs).
 fn placements(cpus: Option<(usize, usize)>, pair_spin_us: u64) -> (String, String) {
     let pairs_waits = format!(
-        "workers poll {pair_spin_us} µs (yielding while threads outnumber CPUs) then sleep, clients yield when a poll is empty"
+        "workers poll {pair_spin_us} µs (yielding while their CPU is contended) then sleep, clients yield when a poll is empty"
     );
     match cpus {
         Some((a, b)) => (

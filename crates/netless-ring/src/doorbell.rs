@@ -26,9 +26,9 @@
 //! `poll`) is not a store-load barrier in the language model (it is on x86, where the
 //! fence after a locked RMW is cheap; it is only on the sleep path anyway).
 
+use crate::contention;
 use crate::futex::{futex_wait, futex_wait_any, futex_wake, FutexWait, WAIT_ANY_MAX};
 pub use crate::layout::DoorbellWords;
-use crate::oversubscription::oversubscribed_at;
 use crate::sync::fence;
 use crate::sync::hint::spin_loop;
 use crate::sync::yield_now;
@@ -40,14 +40,14 @@ use std::time::{Duration, Instant};
 /// How a waiter waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WaitMode {
-    /// Poll until the deadline; never sleep (lowest latency, burns a core). While more
-    /// threads are runnable than there are CPUs ([`crate::oversubscription`]) it yields the
-    /// CPU every 64 polls (a few microseconds) rather than hold it.
+    /// Poll until the deadline; never sleep (lowest latency, burns a core). While another
+    /// thread is queued for its CPU ([`crate::contention`]) it yields the CPU every 64 polls
+    /// (a few microseconds) rather than hold it.
     Spin,
     /// Poll once, then sleep on the futex (lowest CPU, adds a wake-up to the latency).
     Futex,
-    /// Poll for [`WaitPolicy::spin`], then sleep; while the machine is oversubscribed the
-    /// polls yield the CPU every so often, as [`WaitMode::Spin`]'s do.
+    /// Poll for [`WaitPolicy::spin`], then sleep; while another thread is queued for its
+    /// CPU the polls yield the CPU every so often, as [`WaitMode::Spin`]'s do.
     #[default]
     Adaptive,
     /// Poll for [`WaitPolicy::spin`], giving the CPU to any other runnable thread between
@@ -425,10 +425,11 @@ impl Drop for SleepSet<'_> {
 /// Polls for `budget` (`None`: until the deadline), yielding the CPU between polls if
 /// `yielding`. `Ok(None)`: budget spent.
 ///
-/// Otherwise the polls spin, and every 64th checks the clock and whether more threads are
-/// runnable than there are CPUs ([`oversubscribed_at`]); if so it yields the CPU: a spin
-/// then holds a CPU another thread, maybe the one that will answer, is queued for. The 64
-/// polls in between (a few microseconds) still catch a reply from a peer that is running.
+/// Otherwise the polls spin, and every 64th reads the clock. While this thread's CPU is
+/// contended ([`contention`]: the thread was preempted, or a yield ran another thread, in
+/// the last few milliseconds) it yields the CPU there: a spin would hold a CPU another
+/// thread, maybe the one that will answer, is queued for. The 64 polls in between (a few
+/// microseconds) still catch a reply from a peer running on another CPU.
 fn spin<T>(
     poll: &mut impl FnMut() -> Option<T>,
     deadline: Option<Instant>,
@@ -438,7 +439,8 @@ fn spin<T>(
     if budget == Some(Duration::ZERO) {
         return Ok(None);
     }
-    let spin_end = budget.and_then(|budget| Instant::now().checked_add(budget));
+    let mut last = Instant::now();
+    let spin_end = budget.and_then(|budget| last.checked_add(budget));
     let mut polls: u32 = 0;
     loop {
         if yielding {
@@ -459,9 +461,16 @@ fn spin<T>(
             if spin_end.is_some_and(|end| now >= end) {
                 return Ok(None);
             }
-            if !yielding && oversubscribed_at(now) {
-                yield_now();
-            }
+            last = if yielding {
+                now
+            } else {
+                contention::observe(now, now.saturating_duration_since(last));
+                if contention::contended(now) {
+                    contention::give_way(now)
+                } else {
+                    now
+                }
+            };
         }
     }
 }

@@ -20,10 +20,10 @@
 // `--cfg loom`, where the shim's are loom's and any std atomic left escapes the models.
 #![cfg_attr(not(loom), allow(clippy::disallowed_types, clippy::disallowed_methods))]
 
+pub mod contention;
 pub mod doorbell;
 mod futex;
 pub mod layout;
-pub mod oversubscription;
 // Works through `netless_shm::coherence` views of real mappings: not modelled under loom.
 #[cfg(not(loom))]
 pub mod polled;

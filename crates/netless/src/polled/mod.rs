@@ -463,13 +463,16 @@ pub(crate) fn decode_reply(bytes: &[u8]) -> Result<(Result<(), Status>, Metadata
 }
 
 /// Waiting without a futex: spin for the wait policy's budget since the last thing done
-/// (unless the machine is oversubscribed), then yield a while, then sleep longer and longer
-/// (at most `max_sleep`).
+/// (giving the CPU away instead while another thread is queued for it, see
+/// `netless_ring::contention`), then yield a while, then sleep longer and longer (at most
+/// `max_sleep`).
 #[derive(Debug)]
 pub(crate) struct Backoff {
     round: u32,
     spin: std::time::Duration,
     since: Option<std::time::Instant>,
+    /// When the last wait returned: a long gap to the next means this thread was preempted.
+    last: Option<std::time::Instant>,
     max_sleep: std::time::Duration,
 }
 
@@ -479,6 +482,7 @@ impl Backoff {
             round: 0,
             spin,
             since: None,
+            last: None,
             max_sleep,
         }
     }
@@ -486,17 +490,23 @@ impl Backoff {
     pub(crate) fn reset(&mut self) {
         self.round = 0;
         self.since = None;
+        self.last = None;
     }
 
     pub(crate) fn wait(&mut self) {
+        use netless_ring::contention;
         let now = std::time::Instant::now();
         let since = *self.since.get_or_insert(now);
-        // While threads queue for the CPUs, a spin holds one another thread needs: go
-        // straight to yielding.
-        if now.duration_since(since) < self.spin
-            && !netless_ring::oversubscription::oversubscribed_at(now)
-        {
-            std::hint::spin_loop();
+        if let Some(last) = self.last.replace(now) {
+            contention::observe(now, now.saturating_duration_since(last));
+        }
+        if now.duration_since(since) < self.spin {
+            // A spin would hold a CPU another thread is queued for: give it away instead.
+            if contention::contended(now) {
+                self.last = Some(contention::give_way(now));
+            } else {
+                std::hint::spin_loop();
+            }
             return;
         }
         self.round = self.round.saturating_add(1);

@@ -1,6 +1,6 @@
-//! A waiter that notices oversubscription: while more threads are runnable than there are
-//! CPUs, the doorbell's polls give the CPU away instead of holding it. Its own test binary,
-//! as its busy threads would make every other waiting test of a binary yield.
+//! A spinning waiter that notices another thread queued for its CPU gives the CPU away
+//! instead of holding it. Its own test binary, as its busy threads would make every other
+//! waiting test of a binary yield.
 #![cfg(not(loom))]
 // Real threads on real memory, never built under loom (see tests/doorbell.rs).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -16,30 +16,12 @@ fn thread_cpu_ns() -> u64 {
 }
 
 #[test]
-fn a_spinning_waiter_gives_its_cpu_away_while_threads_outnumber_cpus() {
-    // Busy threads, two per CPU online and one more, make the machine oversubscribed; a
+fn a_spinning_waiter_gives_its_cpu_to_threads_queued_for_it() {
+    // Busy threads, two per CPU this process may use and one more, queue for every CPU; a
     // `Spin` waiter among them that held its CPU would run about a fair share of the wait
-    // (2 CPUs / 6 threads here: a third of it), one that yields between polls runs only for
-    // its polls.
-    let Some(cpus) = std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|list| {
-            list.trim()
-                .split(',')
-                .map(|r| match r.split_once('-') {
-                    Some((a, b)) => Some(b.parse::<u32>().ok()? - a.parse::<u32>().ok()? + 1),
-                    None => r.parse::<u32>().ok().map(|_| 1),
-                })
-                .sum::<Option<u32>>()
-        })
-    else {
-        println!("SKIPPED: no /sys/devices/system/cpu/online to count the CPUs by");
-        return;
-    };
-    if !std::path::Path::new("/proc/loadavg").exists() {
-        println!("SKIPPED: no /proc/loadavg to count runnable threads by");
-        return;
-    }
+    // (2 CPUs / 6 threads here: a third of it), one that yields runs only for its polls
+    // (and until its first preemption, a time slice).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let stop = AtomicBool::new(false);
     let wait = Duration::from_millis(300);
     let (used, fair) = std::thread::scope(|s| {
