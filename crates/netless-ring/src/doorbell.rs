@@ -427,9 +427,9 @@ impl Drop for SleepSet<'_> {
 ///
 /// Otherwise the polls spin, and every 64th reads the clock. While this thread's CPU is
 /// contended ([`contention`]: the thread was preempted, or a yield ran another thread, in
-/// the last few milliseconds) it yields the CPU there: a spin would hold a CPU another
-/// thread, maybe the one that will answer, is queued for. The 64 polls in between (a few
-/// microseconds) still catch a reply from a peer running on another CPU.
+/// the last few milliseconds), or may be, it yields the CPU there: a spin would hold a CPU
+/// another thread, maybe the one that will answer, is queued for. The 64 polls in between
+/// (a few microseconds) still catch a reply from a peer running on another CPU.
 fn spin<T>(
     poll: &mut impl FnMut() -> Option<T>,
     deadline: Option<Instant>,
@@ -465,7 +465,7 @@ fn spin<T>(
                 now
             } else {
                 contention::observe(now, now.saturating_duration_since(last));
-                if contention::contended(now) {
+                if contention::should_give_way(now) {
                     contention::give_way(now)
                 } else {
                     now

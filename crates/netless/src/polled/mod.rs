@@ -502,7 +502,7 @@ impl Backoff {
         }
         if now.duration_since(since) < self.spin {
             // A spin would hold a CPU another thread is queued for: give it away instead.
-            if contention::contended(now) {
+            if contention::should_give_way(now) {
                 self.last = Some(contention::give_way(now));
             } else {
                 std::hint::spin_loop();
