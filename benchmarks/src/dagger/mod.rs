@@ -29,7 +29,9 @@
 //!
 //! The host is shared and noisy, so every row also says what else took the cores while it
 //! was measured: involuntary context switches of the client threads and of the server, and
-//! the hypervisor's steal time. A p99 of milliseconds at low load comes with them.
+//! the hypervisor's steal time. A p99 of milliseconds at low load comes with them. A yield
+//! that hands the CPU to another thread counts as an involuntary switch too, so the
+//! two-thread rows, whose threads yield to each other, count their own hand-overs there.
 //!
 //! Neither says how fast the two cores pass cache lines to each other, which on a shared
 //! host moves several-fold from minute to minute (where the hypervisor runs the two vCPUs,

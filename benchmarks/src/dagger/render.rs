@@ -141,7 +141,7 @@ pub(super) fn print_latency(
     );
     println!("{}", aligned_table(&header, &body));
     println!(
-        "  * saturated (arrivals left unsent or < 90% achieved); - not run (offered > {BEYOND_PEAK} × the setting's peak). Peaks, Mrps: {}.\n  preempted c/s: involuntary context switches of the client thread / the server; steal ms: CPU time the hypervisor gave other guests (both CPUs); over all windows of the load",
+        "  * saturated (arrivals left unsent or < 90% achieved); - not run (offered > {BEYOND_PEAK} × the setting's peak). Peaks, Mrps: {}.\n  preempted c/s: involuntary context switches of the client thread / the server (yields included); steal ms: CPU time the hypervisor gave other guests (both CPUs); over all windows of the load",
         peaks.join(", ")
     );
 }
