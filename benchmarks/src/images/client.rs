@@ -16,6 +16,7 @@
 
 use std::io::{BufRead as _, Write as _};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -118,6 +119,9 @@ pub struct Measured {
     pub cpu_ms: Vec<f64>,
     /// This process's CPU time over the window, in ms.
     pub client_cpu_ms: f64,
+    /// The whole machine's busy CPU time over the window (`/proc/stat`, all but idle and
+    /// iowait), in ms: what other processes took shows against the above.
+    pub machine_cpu_ms: f64,
     pub first_error: Option<String>,
 }
 
@@ -277,6 +281,7 @@ impl Tally {
         if let Some(cpu) = cpu {
             m.cpu_ms = cpu.pids;
             m.client_cpu_ms = cpu.client;
+            m.machine_cpu_ms = cpu.machine;
         }
         self.measured
     }
@@ -292,16 +297,21 @@ enum Outcome {
 struct Cpu {
     pids: Vec<f64>,
     client: f64,
+    machine: f64,
 }
 
-fn cpu_now(pids: &[u32]) -> (Vec<Duration>, Duration) {
+/// CPU times so far: of each pid, of this process and of the whole machine.
+type CpuMark = (Vec<Duration>, Duration, Duration);
+
+fn cpu_now(pids: &[u32]) -> CpuMark {
     (
         pids.iter().map(|&p| cpu_time(p)).collect(),
         cpu_time(std::process::id()),
+        machine_busy(),
     )
 }
 
-fn cpu_since(start: &(Vec<Duration>, Duration), pids: &[u32]) -> Cpu {
+fn cpu_since(start: &CpuMark, pids: &[u32]) -> Cpu {
     let end = cpu_now(pids);
     let ms = |a: Duration, b: Duration| b.saturating_sub(a).as_secs_f64() * 1e3;
     Cpu {
@@ -312,7 +322,25 @@ fn cpu_since(start: &(Vec<Duration>, Duration), pids: &[u32]) -> Cpu {
             .map(|(&a, &b)| ms(a, b))
             .collect(),
         client: ms(start.1, end.1),
+        machine: ms(start.2, end.2),
     }
+}
+
+/// CPU time all CPUs spent busy so far: the first line of `/proc/stat` less idle and iowait.
+fn machine_busy() -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let line = stat.lines().next().unwrap_or_default();
+    // cpu user nice system idle iowait irq softirq steal
+    let busy: u64 = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .filter_map(|(_, t)| t.parse::<u64>().ok())
+        .sum();
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    Duration::from_millis(busy * 1000 / hz)
 }
 
 impl Load {
@@ -368,17 +396,19 @@ impl Load {
         let cpu = cpu_now(pids);
         let started = Instant::now();
         let end = started + window;
+        // One sequence of pictures for all the tasks, as the open loop's arrivals take them:
+        // a picture per task would let the cheap pictures' tasks make most of the calls.
+        let next = Arc::new(AtomicUsize::new(0));
         let tasks: Vec<_> = (0..self.in_flight)
-            .map(|task| {
-                let (me, tally) = (self.clone(), tally.clone());
+            .map(|_| {
+                let (me, tally, next) = (self.clone(), tally.clone(), next.clone());
                 tokio::spawn(async move {
-                    let mut i = task;
                     while Instant::now() < end {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
                         let t = Instant::now();
                         let result = me.once(transport, i).await;
                         let done = Instant::now();
                         lock(&tally).record(result, done - t, done <= end);
-                        i += me.in_flight;
                     }
                 })
             })
@@ -425,11 +455,18 @@ impl Load {
         }
         tokio::time::sleep_until(end).await;
         let cpu = cpu_since(&cpu, pids);
-        tokio::time::sleep_until(end + drain).await;
-        // Arrivals still waiting for a slot are given up; calls under way finish.
-        slots.close();
-        for task in tasks {
-            let _ = task.await;
+        let mut all = tokio::spawn(async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+        });
+        if tokio::time::timeout_at(end + drain, &mut all)
+            .await
+            .is_err()
+        {
+            // Arrivals still waiting for a slot are given up; calls under way finish.
+            slots.close();
+            let _ = all.await;
         }
         let mut measured = take(tally).finish(window, Some(cpu));
         measured.window_s = window.as_secs_f64();
