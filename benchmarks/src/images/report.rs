@@ -467,12 +467,10 @@ pub fn plot(run: &Run, path: &Path) -> anyhow::Result<()> {
         .y_desc("p99 end to end (ms)")
         .draw()?;
     for &t in &Transport::ALL {
-        let mut series: Vec<(f64, f64)> = figures
-            .iter()
-            .filter(|f| f.transport == t)
-            .map(|f| (f.achieved_per_s, p99_ms(f)))
-            .collect();
-        series.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // In order of offered load (past the peak, achieved throughput falls back).
+        let mut mine: Vec<&Figures> = figures.iter().filter(|f| f.transport == t).collect();
+        mine.sort_by(|a, b| a.fraction.total_cmp(&b.fraction));
+        let series: Vec<(f64, f64)> = mine.iter().map(|f| (f.achieved_per_s, p99_ms(f))).collect();
         plot::line_with_points(&mut left, &series, color(t), t.name())?;
         if let Some(s) = summaries.iter().find(|s| s.transport == t) {
             let slo = s.slo_us / 1e3;
