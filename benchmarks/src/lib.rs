@@ -14,7 +14,10 @@
 //! - `batching` ([`dagger`]), Dagger Figures 5–6: pipelined echo throughput and latency by
 //!   request batching;
 //! - `cross_host` ([`hosts`]), DmRPC-net Figure 5 across two hosts: the nested chain by value
-//!   through the gateways against by reference through the memory node.
+//!   through the gateways against by reference through the memory node;
+//! - `image_app` ([`images`]), DmRPC's image pipeline: a 7-tier image service written as
+//!   tonic services, over tonic's TCP transport, netless by value and netless by reference,
+//!   at rising offered load.
 //!
 //! Each binary spawns its peer processes (servers, tiers, load generators) by running itself
 //! again as `<binary> peer <role> …`; the user's `echo-server` and `gateway` are among those
@@ -29,6 +32,7 @@ pub mod grpc;
 pub mod grpc_http2;
 pub mod harness;
 pub mod hosts;
+pub mod images;
 pub mod kvs;
 pub mod proto;
 pub mod split;

@@ -277,7 +277,9 @@ fn bench_names_or_runs_the_benchmark_binary() {
     let report = out.describe();
     assert_eq!(out.status.code(), Some(2), "{report}");
     assert!(out.stderr.contains("no benchmark `frobnicate`"), "{report}");
-    for name in ["echo", "grpc", "split", "dmrpc", "kvs", "dagger", "hosts"] {
+    for name in [
+        "echo", "grpc", "split", "dmrpc", "kvs", "dagger", "hosts", "images",
+    ] {
         assert!(out.stderr.contains(name), "{report}");
     }
 

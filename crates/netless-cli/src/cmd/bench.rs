@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
 
 /// Each benchmark's name under `netless bench` and its binary in `netless-benchmarks`.
-pub const BINARIES: [(&str, &str); 7] = [
+pub const BINARIES: [(&str, &str); 8] = [
     ("echo", "echo_latency"),
     ("grpc", "grpc_paths"),
     ("split", "split_offload"),
@@ -15,13 +15,14 @@ pub const BINARIES: [(&str, &str); 7] = [
     ("kvs", "slo_buffers"),
     ("dagger", "batching"),
     ("hosts", "cross_host"),
+    ("images", "image_app"),
 ];
 
-/// Names the benchmark binary for NAME (echo, grpc, split, dmrpc, kvs, dagger, hosts), or runs it
+/// Names the benchmark binary for NAME (echo, grpc, split, dmrpc, kvs, dagger, hosts, images), or runs it
 /// with ARGS when it sits beside `netless` (built in the same target directory).
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The benchmark: echo, grpc, split, dmrpc, kvs, dagger or hosts.
+    /// The benchmark: echo, grpc, split, dmrpc, kvs, dagger, hosts or images.
     pub name: String,
     /// Its arguments, passed on unchanged.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
