@@ -8,11 +8,11 @@
 //! - a yield that took long ([`SWITCHED`]): another thread ran in it, so one was queued.
 //!
 //! Either marks the thread's CPU contended for [`HOLD`]; each yield that finds another
-//! thread renews it, and a yield that comes back at once ends it. A spin too short to be
+//! thread renews it, and [`CALM_AFTER`] yields in a row that come back at once end it. A spin too short to be
 //! preempted (an adaptive waiter's 50 µs) gathers no evidence by itself, so while the machine
 //! as a whole has more runnable threads than CPUs (the fourth field of `/proc/loadavg`,
 //! read at most once per [`REFRESH`] by one waiter of the process) a waiter probes with a
-//! yield; one that comes back at once says the queued thread is on another CPU, and the
+//! yield; yields that come back at once say the queued thread is on another CPU, and the
 //! waiter stops probing for [`HOLD`].
 //!
 //! ```
@@ -39,6 +39,10 @@ pub const SWITCHED: Duration = Duration::from_micros(3);
 pub const HOLD: Duration = Duration::from_millis(10);
 /// How long the machine's runnable count stands before a waiter reads it again.
 pub const REFRESH: Duration = Duration::from_millis(1);
+/// Yields in a row that came back at once before a waiter stops probing: one alone proves
+/// little, as the scheduler may run the yielder again when the queued thread has had more
+/// than its share.
+pub const CALM_AFTER: u32 = 8;
 
 /// Whether this thread's CPU counts as contended at `now`.
 pub fn contended(now: Instant) -> bool {
@@ -60,7 +64,8 @@ pub fn should_give_way(now: Instant) -> bool {
 }
 
 /// Yields the CPU, and records whether another thread ran meanwhile (the CPU is contended)
-/// or not (it is not, and needs no probe for a while); returns the time after.
+/// or not ([`CALM_AFTER`] such yields in a row: it is not, and needs no probe for a while);
+/// returns the time after.
 pub fn give_way(before: Instant) -> Instant {
     crate::sync::yield_now();
     let after = Instant::now();
@@ -174,13 +179,15 @@ mod imp {
     use std::cell::Cell;
     use std::time::Instant;
 
-    use super::HOLD;
+    use super::{CALM_AFTER, HOLD};
 
     thread_local! {
         /// Until when this thread's CPU counts as contended.
         static UNTIL: Cell<Option<Instant>> = const { Cell::new(None) };
-        /// Until when this thread's CPU needs no probe (a yield found nothing queued).
+        /// Until when this thread's CPU needs no probe (yields found nothing queued).
         static QUIET: Cell<Option<Instant>> = const { Cell::new(None) };
+        /// Yields in a row that came back at once.
+        static QUICK: Cell<u32> = const { Cell::new(0) };
     }
 
     pub(super) fn until() -> Option<Instant> {
@@ -194,11 +201,19 @@ mod imp {
     pub(super) fn mark(now: Instant) {
         UNTIL.with(|u| u.set(now.checked_add(HOLD)));
         QUIET.with(|q| q.set(None));
+        QUICK.with(|n| n.set(0));
     }
 
     pub(super) fn calm(now: Instant) {
-        UNTIL.with(|u| u.set(None));
-        QUIET.with(|q| q.set(now.checked_add(HOLD)));
+        let quick = QUICK.with(|n| {
+            n.set(n.get() + 1);
+            n.get()
+        });
+        if quick >= CALM_AFTER {
+            UNTIL.with(|u| u.set(None));
+            QUIET.with(|q| q.set(now.checked_add(HOLD)));
+            QUICK.with(|n| n.set(0));
+        }
     }
 }
 
@@ -245,8 +260,12 @@ mod tests {
         assert!(contended(after));
         assert!(should_give_way(after));
         assert!(!contended(after + HOLD));
-        // "Before" in the future: the yield took no time, nothing else was queued.
-        let later = give_way(Instant::now() + HOLD);
+        // "Before" in the future: the yields took no time, nothing else was queued.
+        let mut later = Instant::now();
+        for _ in 0..CALM_AFTER {
+            assert!(contended(later), "one quick yield proves little");
+            later = give_way(Instant::now() + HOLD);
+        }
         assert!(!contended(later));
         assert!(imp::quiet(later));
         assert!(
