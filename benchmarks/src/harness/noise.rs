@@ -66,6 +66,28 @@ pub fn steal_ms(cpu: Option<usize>) -> f64 {
     steal_ticks(&stat, &line) as f64 * 1000.0 / ticks_per_second() as f64
 }
 
+/// CPU time all CPUs together spent busy so far: the aggregate line of `/proc/stat` less
+/// idle and iowait (zero where `/proc` cannot say).
+pub fn machine_busy() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return Duration::ZERO;
+    };
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .unwrap_or_default();
+    // cpu user nice system idle iowait irq softirq steal
+    let busy: u64 = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .filter_map(|(_, t)| t.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(busy * 1000 / ticks_per_second())
+}
+
 fn ticks_per_second() -> u64 {
     rustix::param::clock_ticks_per_second().max(1)
 }

@@ -29,7 +29,7 @@ use super::picture::{self, Picture};
 use super::tier::{self, Stage};
 use super::work;
 use crate::harness::histogram::{mean_us, new_histogram, quantile_us};
-use crate::harness::noise::cpu_time;
+use crate::harness::noise::{cpu_time, machine_busy};
 use crate::proto::images::{Image, Receipt};
 
 /// The `client` peer role.
@@ -324,23 +324,6 @@ fn cpu_since(start: &CpuMark, pids: &[u32]) -> Cpu {
         client: ms(start.1, end.1),
         machine: ms(start.2, end.2),
     }
-}
-
-/// CPU time all CPUs spent busy so far: the first line of `/proc/stat` less idle and iowait.
-fn machine_busy() -> Duration {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let line = stat.lines().next().unwrap_or_default();
-    // cpu user nice system idle iowait irq softirq steal
-    let busy: u64 = line
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .filter_map(|(_, t)| t.parse::<u64>().ok())
-        .sum();
-    let hz = rustix::param::clock_ticks_per_second().max(1);
-    Duration::from_millis(busy * 1000 / hz)
 }
 
 impl Load {
