@@ -63,6 +63,18 @@ pub fn should_give_way(now: Instant) -> bool {
     contended(now) || (!imp::quiet(now) && machine::oversubscribed(now))
 }
 
+/// A spinning waiter's checkpoint, `now` being its clock read after `last`: records the gap
+/// ([`observe`]), gives the CPU away if it [`should_give_way`], and returns the time to count
+/// the next gap from.
+pub fn checkpoint(last: Instant, now: Instant) -> Instant {
+    observe(now, now.saturating_duration_since(last));
+    if should_give_way(now) {
+        give_way(now)
+    } else {
+        now
+    }
+}
+
 /// Yields the CPU, and records whether another thread ran meanwhile (the CPU is contended)
 /// or not ([`CALM_AFTER`] such yields in a row: it is not, and needs no probe for a while);
 /// returns the time after.

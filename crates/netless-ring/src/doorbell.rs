@@ -464,12 +464,7 @@ fn spin<T>(
             last = if yielding {
                 now
             } else {
-                contention::observe(now, now.saturating_duration_since(last));
-                if contention::should_give_way(now) {
-                    contention::give_way(now)
-                } else {
-                    now
-                }
+                contention::checkpoint(last, now)
             };
         }
     }

@@ -471,7 +471,8 @@ pub(crate) struct Backoff {
     round: u32,
     spin: std::time::Duration,
     since: Option<std::time::Instant>,
-    /// When the last wait returned: a long gap to the next means this thread was preempted.
+    /// When the last spin checkpoint ended: a long gap to the next means this thread was
+    /// preempted.
     last: Option<std::time::Instant>,
     max_sleep: std::time::Duration,
 }
@@ -497,16 +498,12 @@ impl Backoff {
         use netless_ring::contention;
         let now = std::time::Instant::now();
         let since = *self.since.get_or_insert(now);
-        if let Some(last) = self.last.replace(now) {
-            contention::observe(now, now.saturating_duration_since(last));
-        }
         if now.duration_since(since) < self.spin {
             // A spin would hold a CPU another thread is queued for: give it away instead.
-            if contention::should_give_way(now) {
-                self.last = Some(contention::give_way(now));
-            } else {
-                std::hint::spin_loop();
-            }
+            // Only spins are checkpoints: a gap after a yield or a sleep says nothing.
+            let last = self.last.unwrap_or(now);
+            self.last = Some(contention::checkpoint(last, now));
+            std::hint::spin_loop();
             return;
         }
         self.round = self.round.saturating_add(1);
