@@ -51,8 +51,8 @@ fn runs_the_image_service_over_three_transports_and_stores_the_right_pictures() 
         );
     }
 
-    // Every reply of every window was checked against the local pipeline, and there were
-    // replies in every window.
+    // Every reply of every window was checked against the local pipeline, and every window
+    // that made calls had replies.
     let mut windows = Vec::new();
     for key in ["unloaded", "peaks"] {
         windows.extend(v[key].as_array().unwrap().iter().map(|pair| &pair[1]));
@@ -63,14 +63,22 @@ fn runs_the_image_service_over_three_transports_and_stores_the_right_pictures() 
     for w in windows {
         assert_eq!(w["errors"], 0, "{w}");
         assert_eq!(w["mismatches"], 0, "{w}");
-        assert!(w["completed"].as_u64().unwrap() > 0, "{w}");
+        // A short open-loop window at a low rate may see no Poisson arrival at all: then
+        // there is nothing to answer. Every call that was made was answered.
+        let (calls, completed) = (
+            w["calls"].as_u64().unwrap(),
+            w["completed"].as_u64().unwrap(),
+        );
+        assert!(completed > 0 || calls == 0, "{w}");
     }
     for t in transports {
-        assert_eq!(
-            points.iter().filter(|p| p["transport"] == t).count(),
-            2,
-            "{t}: {text}"
-        );
+        let mine: Vec<_> = points.iter().filter(|p| p["transport"] == t).collect();
+        assert_eq!(mine.len(), 2, "{t}: {text}");
+        let answered: u64 = mine
+            .iter()
+            .map(|p| p["measured"]["completed"].as_u64().unwrap())
+            .sum();
+        assert!(answered > 0, "{t} answered no offered call: {text}");
     }
     // The windows' CPU time names all seven tiers.
     let tiers = v["tiers"].as_array().unwrap();
