@@ -1,10 +1,10 @@
-//! CPU affinity: pinning the calling thread to one CPU (or a set) and listing the CPUs it may
-//! use.
+//! CPU affinity: pinning the calling thread to one CPU (or a set), listing the CPUs it may
+//! use, and the CPU it runs on.
 //!
 //! This module owns `sched_setaffinity`/`sched_getaffinity` for the calling thread. It never
 //! changes the affinity of other threads or processes and never decides which CPU to use.
 
-use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+use rustix::thread::{sched_getaffinity, sched_getcpu, sched_setaffinity, CpuSet};
 
 use crate::Error;
 
@@ -101,6 +101,24 @@ pub fn allowed_cpus() -> Vec<usize> {
         }
         Err(_) => (0..available_cpus()).collect(),
     }
+}
+
+/// The CPU the calling thread runs on now: where it stays if it is pinned to one, a moment's
+/// answer otherwise.
+///
+/// ```
+/// let cpu = netless_shm::allowed_cpus()[0];
+/// let here = std::thread::spawn(move || {
+///     netless_shm::pin_current_thread(cpu)?;
+///     Ok::<_, netless_shm::Error>(netless_shm::current_cpu())
+/// })
+/// .join()
+/// .expect("thread")?;
+/// assert_eq!(here, cpu);
+/// # Ok::<(), netless_shm::Error>(())
+/// ```
+pub fn current_cpu() -> usize {
+    sched_getcpu()
 }
 
 #[cfg(test)]

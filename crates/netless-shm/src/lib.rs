@@ -43,7 +43,9 @@ mod socket_claim;
 mod socket_dir;
 pub mod sync;
 
-pub use affinity::{allowed_cpus, available_cpus, pin_current_thread, pin_current_thread_to};
+pub use affinity::{
+    allowed_cpus, available_cpus, current_cpu, pin_current_thread, pin_current_thread_to,
+};
 pub use clock::{instant_to_monotonic_ns, monotonic_ns, monotonic_ns_to_instant};
 #[cfg(not(loom))]
 pub use coherence::{Coherence, View, ViewError};

@@ -53,6 +53,25 @@ pub enum Dispatch {
     Jbsq2,
     /// One queue per worker; each connection is bound to worker `index % workers` (RSS-like).
     Partitioned,
+    /// One queue per worker; each connection is bound to a worker pinned to the CPU its
+    /// client's calls come from (`ClientConfig::cpu`, else the CPU the client connected
+    /// from), else as `Partitioned`. A client thread and the worker serving it then share
+    /// one core and its caches: the dispatch for client threads and workers sharing the
+    /// cores, where one queue would move every request between them. It needs
+    /// `ServerConfig::pin_cpus`, and clients pinned where their connections say.
+    ///
+    /// ```
+    /// use netless::{Dispatch, ServerConfig};
+    /// let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    /// let config = ServerConfig {
+    ///     workers: cpus,
+    ///     pin_cpus: (0..cpus).collect(),
+    ///     dispatch: Dispatch::CpuLocal,
+    ///     ..Default::default()
+    /// };
+    /// # let _ = config;
+    /// ```
+    CpuLocal,
 }
 
 /// How a server is set up. Start from `ServerConfig::default()` and change what you need.
@@ -220,7 +239,7 @@ impl ServerConfig {
     /// Receive queues: one per worker when dispatch is partitioned.
     pub(crate) fn queues(&self) -> u32 {
         match self.dispatch {
-            Dispatch::Partitioned => self.workers as u32,
+            Dispatch::Partitioned | Dispatch::CpuLocal => self.workers as u32,
             _ => 1,
         }
     }
@@ -276,7 +295,7 @@ impl ServerConfig {
             return None;
         }
         let k = match self.dispatch {
-            Dispatch::Partitioned => 1,
+            Dispatch::Partitioned | Dispatch::CpuLocal => 1,
             _ => self.workers as u32,
         };
         Some(crate::slo::sizing::depth_limit(
@@ -389,6 +408,11 @@ pub struct ClientConfig {
     pub ref_threshold: usize,
     /// What to do when a call is NACKed.
     pub retry: RetryPolicy,
+    /// The CPU this connection's calls will come from, told to the server: one with
+    /// [`Dispatch::CpuLocal`] serves the connection on a worker pinned there. `None`: the
+    /// CPU the connecting thread runs on when it connects, which is right for a thread
+    /// pinned before it connects. Set it when one thread connects for others.
+    pub cpu: Option<usize>,
 }
 
 impl Default for ClientConfig {
@@ -406,6 +430,7 @@ impl Default for ClientConfig {
             fabric: None,
             ref_threshold: DEFAULT_REF_THRESHOLD,
             retry: RetryPolicy::None,
+            cpu: None,
         }
     }
 }

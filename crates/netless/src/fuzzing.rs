@@ -620,6 +620,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             domain: 0x0102_0304_0506_0708,
             member: 5,
             generation: 9,
+            cpu: 1,
         },
         Frame::Welcome {
             version: PROTOCOL_VERSION,

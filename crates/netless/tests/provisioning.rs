@@ -9,7 +9,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use netless::{CallOptions, Client, Dispatch, Provisioning, Server, ServerConfig};
+use netless::{
+    CallOptions, Client, ClientConfig, Dispatch, Provisioning, Request, ResponseBuilder, Server,
+    ServerConfig, Status,
+};
 
 /// Entry point of spawned peers (run only by them, via `--ignored`).
 #[test]
@@ -18,6 +21,33 @@ fn provisioning_child_entry() {
     let Some((role, dir, service)) = role() else {
         return;
     };
+    // Connect as from a CPU (told, or pinned there), ask the server where it serves us.
+    let (hint, pinned) = match role.split_once('-') {
+        Some(("hint", cpu)) => (Some(cpu.parse().unwrap()), None),
+        Some(("pinned", cpu)) => (None, Some(cpu.parse().unwrap())),
+        _ => (None, None),
+    };
+    if hint.is_some() || pinned.is_some() {
+        if let Some(cpu) = pinned {
+            netless_shm::pin_current_thread(cpu).unwrap();
+        }
+        let config = ClientConfig {
+            cpu: hint,
+            ..client_config(&dir)
+        };
+        let client = Client::connect_with(&service, config).unwrap();
+        let served_on: Vec<u32> = (0..50)
+            .map(|_| {
+                let reply = client.call("Where", b"", &CallOptions::new()).unwrap();
+                u32::from_le_bytes(reply.payload[..4].try_into().unwrap())
+            })
+            .collect();
+        let same = served_on.iter().all(|&c| c == served_on[0]);
+        println!("RESULT cpu={} same={}", served_on[0], u8::from(same));
+        std::io::stdout().flush().unwrap();
+        let mut sink = String::new();
+        let _ = std::io::stdin().read_line(&mut sink);
+    }
     // Connect and stay connected until stdin closes.
     if role == "idle" {
         let client = Client::connect_with(&service, client_config(&dir)).unwrap();
@@ -116,5 +146,76 @@ fn jbsq2_serves_every_call() {
         .collect();
     for t in threads {
         t.join().unwrap();
+    }
+}
+
+/// Replies with the CPU the serving worker runs on.
+fn where_handler<'a>(_: &Request<'a>, resp: &mut ResponseBuilder<'a>) -> Result<(), Status> {
+    resp.payload
+        .extend_from_slice(&(netless_shm::current_cpu() as u32).to_le_bytes());
+    Ok(())
+}
+
+/// The CPU a client process in `role` was served on, for every one of its calls.
+fn served_on(dir: &TestDir, service: &str, role: &str) -> (u64, std::process::Child) {
+    let mut child = spawn_role("provisioning_child_entry", role, dir.path(), service);
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let line = read_result(&mut out, Duration::from_secs(20));
+    drain_in_background(out);
+    assert_eq!(
+        field(&line, "same"),
+        1,
+        "{role}: served on several CPUs: {line}"
+    );
+    (field(&line, "cpu"), child)
+}
+
+/// `Dispatch::CpuLocal` serves each connection on the worker pinned to the CPU its client
+/// named or connected from, whatever the order of connections; a CPU with no worker, or
+/// `Partitioned`, falls back to the connection's index.
+#[test]
+fn cpu_local_dispatch_serves_a_client_on_its_own_cpu() {
+    let cpus = netless_shm::allowed_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs two CPUs, this process may use {cpus:?}");
+        return;
+    }
+    let (a, b) = (cpus[0], cpus[1]);
+    let dir = TestDir::new("cpulocal");
+    let bind = |service: &str, dispatch| {
+        let config = ServerConfig {
+            workers: 2,
+            pin_cpus: vec![a, b],
+            dispatch,
+            ..server_config(dir.path())
+        };
+        Server::bind(service, config, where_handler).unwrap()
+    };
+    let _local = bind("t.CpuLocal", Dispatch::CpuLocal);
+    let mut children = Vec::new();
+    // The first connection (index 0, queue 0: CPU `a` by index) asks for `b`.
+    for (role, expect) in [
+        (format!("hint-{b}"), b),
+        (format!("hint-{b}"), b),
+        (format!("hint-{a}"), a),
+        (format!("pinned-{b}"), b),
+        (format!("pinned-{a}"), a),
+    ] {
+        let (cpu, child) = served_on(&dir, "t.CpuLocal", &role);
+        assert_eq!(cpu, expect as u64, "{role}");
+        children.push(child);
+    }
+    // A CPU no worker runs on: served all the same.
+    let (cpu, child) = served_on(&dir, "t.CpuLocal", "hint-100000");
+    assert!(cpu == a as u64 || cpu == b as u64);
+    children.push(child);
+    // Partitioned ignores the hint: the first connection is served by worker 0, on `a`.
+    let _partitioned = bind("t.Partitioned", Dispatch::Partitioned);
+    let (cpu, child) = served_on(&dir, "t.Partitioned", &format!("hint-{b}"));
+    assert_eq!(cpu, a as u64);
+    children.push(child);
+    for mut c in children {
+        drop(c.stdin.take());
+        c.wait().unwrap();
     }
 }

@@ -13,7 +13,7 @@ use super::connection::Handshaken;
 use crate::config::ClientConfig;
 use crate::segment::{ConnSegment, ControlSegment, ReplicaSegment};
 use crate::status::{Code, Status};
-use crate::wire::handshake::{Frame, NO_MEMBER, PROTOCOL_VERSION};
+use crate::wire::handshake::{Frame, NO_CPU, NO_MEMBER, PROTOCOL_VERSION};
 use crate::wire::header::HEADER_LEN;
 
 /// Longest handshake frame read from a server (a `Reject` carries a status message).
@@ -81,6 +81,11 @@ pub(super) fn handshake(
             domain: config.domain.as_ref().map_or(0, |d| d.id()),
             member: claim.map_or(NO_MEMBER, |(c, _)| c.member),
             generation: claim.map_or(0, |(c, _)| c.generation),
+            cpu: config
+                .cpu
+                .unwrap_or_else(netless_shm::current_cpu)
+                .try_into()
+                .unwrap_or(NO_CPU),
         }
         .encode(),
         &fds,

@@ -281,15 +281,33 @@ impl ConnTable {
             .count() as u32
     }
 
-    /// A slot holding no connection, live or retired.
-    pub(super) fn vacant(&self) -> Option<u32> {
+    /// A slot holding no connection, live or retired: one whose index is `r` modulo `m` when
+    /// `home` is `Some((r, m))` and one is free, else the first.
+    pub(super) fn vacant(&self, home: Option<(u32, u32)>) -> Option<u32> {
+        let is_vacant = |s: &ConnSlot| {
+            s.tag.load(Ordering::Acquire) == 0
+                && s.conn.read().map(|c| c.is_none()).unwrap_or(false)
+        };
+        let at_home = |i: usize| home.is_none_or(|(r, m)| i as u32 % m.max(1) == r);
+        let mut first = None;
+        for (i, s) in self.slots.iter().enumerate() {
+            if is_vacant(s) {
+                if at_home(i) {
+                    return Some(i as u32);
+                }
+                first = first.or(Some(i as u32));
+            }
+        }
+        first
+    }
+
+    /// Live connections whose index is `r` modulo `m` (for admissions, which are rare).
+    pub(super) fn live_at(&self, (r, m): (u32, u32)) -> usize {
         self.slots
             .iter()
-            .position(|s| {
-                s.tag.load(Ordering::Acquire) == 0
-                    && s.conn.read().map(|c| c.is_none()).unwrap_or(false)
-            })
-            .map(|i| i as u32)
+            .enumerate()
+            .filter(|(i, s)| *i as u32 % m.max(1) == r && s.tag.load(Ordering::Acquire) != 0)
+            .count()
     }
 
     /// Puts `conn` in its slot, live.

@@ -298,6 +298,8 @@ impl Admissions {
             client_max,
             peer_member,
             generation: self.generation,
+            // A client on another host has no CPU of this one.
+            cpu: None,
         };
         let conn = install(server, newcomer, &near)?;
         if let Some(group) = server.group(&conn) {

@@ -21,11 +21,12 @@ use netless_shm::{peer_cred, recv_frame_by, send_frame_by};
 
 use super::conn::{lock, Admitted, Conn};
 use super::state::ServerState;
+use crate::config::Dispatch;
 use crate::segment::layout::conn_tag;
 use crate::segment::ConnSegment;
 use crate::status::{Code, Status};
 use crate::sync::Ordering;
-use crate::wire::handshake::{Frame, HELLO_LEN, NO_MEMBER, PROTOCOL_VERSION};
+use crate::wire::handshake::{Frame, HELLO_LEN, NO_CPU, NO_MEMBER, PROTOCOL_VERSION};
 use netless_pool::MemberClaim;
 
 /// Most handshakes in progress at once; a client arriving beyond them is refused at once
@@ -216,21 +217,32 @@ fn admit(
     };
     send_frame_by(socket, &greeting.encode(), &[], deadline).ok()?;
     let (bytes, fds) = recv_frame_by(socket, 2, HELLO_LEN, deadline).ok()?;
-    let (client_max, client_domain, claim) = match Frame::decode(&bytes) {
+    let (client_max, client_domain, claim, cpu) = match Frame::decode(&bytes) {
         Some(Frame::Hello {
             version,
             max_message,
             domain,
             member,
             generation,
+            cpu,
         }) if version == PROTOCOL_VERSION => (
             max_message as usize,
             domain,
             (member != NO_MEMBER).then_some(MemberClaim { member, generation }),
+            (cpu != NO_CPU).then_some(cpu),
         ),
         Some(Frame::Hello { version, .. }) => {
             let status = Status::unavailable(format!(
                 "client speaks netless protocol {version}, server {PROTOCOL_VERSION}"
+            ));
+            return refuse(socket, status, deadline);
+        }
+        // A client of another protocol sends a hello of another length.
+        None if Frame::hello_version(&bytes).is_some_and(|v| v != PROTOCOL_VERSION) => {
+            let version = Frame::hello_version(&bytes).unwrap_or_default();
+            let status = Status::unavailable(format!(
+                "client speaks netless protocol {version}, server {PROTOCOL_VERSION}: use the \
+                 same netless release on both sides"
             ));
             return refuse(socket, status, deadline);
         }
@@ -267,6 +279,7 @@ fn admit(
         client_max,
         peer_member,
         generation,
+        cpu,
     };
     let conn = match install(server, newcomer, &socket) {
         Ok(conn) => conn,
@@ -309,6 +322,8 @@ pub(super) struct Newcomer {
     /// The pool member the client proved it is, if it did: Refs are taken from it alone.
     pub(super) peer_member: Option<netless_pool::PeerMember>,
     pub(super) generation: u32,
+    /// The CPU the client said its calls come from, if it did.
+    pub(super) cpu: Option<u32>,
 }
 
 /// Admits `n` if the limits allow: a slot in the connection table, in its uid's trust group,
@@ -351,7 +366,7 @@ pub(super) fn install(
                 return Err(status);
             }
         }
-        let Some(index) = server.conns.vacant() else {
+        let Some(index) = server.conns.vacant(home_queue(server, n.cpu)) else {
             let status = Status::resource_exhausted(format!(
                 "service `{}` has its maximum of {} connections",
                 server.service, server.config.max_connections
@@ -381,6 +396,24 @@ pub(super) fn install(
         conn
     };
     Ok(conn)
+}
+
+/// Where a new connection from a client on `cpu` belongs, as (queue, queues): with
+/// [`Dispatch::CpuLocal`], the queue of the worker pinned to that CPU (of several, the
+/// one serving the fewest connections), which a connection whose index is the queue
+/// modulo the queues goes to. `None`: anywhere (no hint, another dispatch, or no worker
+/// of ours runs on that CPU).
+fn home_queue(server: &ServerState, cpu: Option<u32>) -> Option<(u32, u32)> {
+    let config = &server.config;
+    let queues = server.spec.nqueues;
+    if config.dispatch != Dispatch::CpuLocal || queues < 2 || config.pin_cpus.is_empty() {
+        return None;
+    }
+    let cpu = usize::try_from(cpu?).ok()?;
+    (0..config.workers)
+        .filter(|w| config.pin_cpus[w % config.pin_cpus.len()] == cpu)
+        .map(|w| (w as u32 % queues, queues))
+        .min_by_key(|&home| server.conns.live_at(home))
 }
 
 /// A per-connection secret so a stray or forged queue entry cannot impersonate a connection.

@@ -82,7 +82,6 @@ impl ServerState {
         self.control.server_control()
     }
 
-    /// The trust group of `uid`, made now if it has none (the caller holds `admitting`).
     /// An idle worker's longest sleep: short once a client on another kernel joined.
     pub(super) fn max_sleep(&self) -> std::time::Duration {
         if self.remote_clients.load(Ordering::Relaxed) {
@@ -92,6 +91,7 @@ impl ServerState {
         }
     }
 
+    /// The trust group of `uid`, made now if it has none (the caller holds `admitting`).
     pub(super) fn group_of(&self, uid: u32) -> Result<&Group, Status> {
         self.groups.of_uid(uid, |index| {
             let place = self

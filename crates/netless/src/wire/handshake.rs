@@ -4,9 +4,10 @@
 //! Server → client: `Greeting` once `SO_PEERCRED` passed the ACL, or `Reject` with a status
 //! (so no fd crosses in either direction before the ACL check, and a refused client reads
 //! the reason instead of a reset).
-//! Client → server: `Hello` with the client's connection segment (its response ring), and,
-//! from a member of a page-pool domain, its claim to its member row with the open file that
-//! proves it (`netless_pool::Domain::member_claim`).
+//! Client → server: `Hello` with the client's connection segment (its response ring), the CPU
+//! its calls come from (a hint for `Dispatch::CpuLocal`), and, from a member of a page-pool
+//! domain, its claim to its member row with the open file that proves it
+//! (`netless_pool::Domain::member_claim`).
 //! Server → client: `Welcome` with two fds, the replica segment of the client's trust group
 //! and the server's control segment (read-only), and whether the connection passes payloads
 //! by reference; or `Reject` with a status.
@@ -18,7 +19,7 @@ use crate::status::{Code, Status};
 
 const HELLO: u8 = 1;
 /// Bytes of an encoded `Hello` (a server reads no longer frame from a client).
-pub(crate) const HELLO_LEN: usize = 25;
+pub(crate) const HELLO_LEN: usize = 29;
 const WELCOME: u8 = 2;
 const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
@@ -32,9 +33,12 @@ const GREETING: u8 = 5;
 /// which protocol 8 servers would refuse as an unknown kind. 10: `Welcome` carries a
 /// replica segment per trust group and a read-only control segment. 11: `Hello` carries
 /// the client's member claim and `Welcome` whether Refs may pass (no pid decides it).
-pub(crate) const PROTOCOL_VERSION: u32 = 11;
+/// 12: `Hello` carries the CPU the client's calls come from.
+pub(crate) const PROTOCOL_VERSION: u32 = 12;
 /// `Hello::member` of a client that claims no member row.
 pub(crate) const NO_MEMBER: u32 = u32::MAX;
+/// `Hello::cpu` of a client that does not say where its calls come from.
+pub(crate) const NO_CPU: u32 = u32::MAX;
 
 /// A handshake frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +58,9 @@ pub(crate) enum Frame {
         /// proved by the open file sent with the frame.
         member: u32,
         generation: u32,
+        /// The CPU the client's calls come from ([`NO_CPU`]: unknown): a hint, which a
+        /// server with `Dispatch::CpuLocal` follows when a worker of its runs there.
+        cpu: u32,
     },
     Welcome {
         version: u32,
@@ -79,6 +86,7 @@ impl Frame {
                 domain,
                 member,
                 generation,
+                cpu,
             } => {
                 out.push(HELLO);
                 out.extend_from_slice(&version.to_le_bytes());
@@ -86,6 +94,7 @@ impl Frame {
                 out.extend_from_slice(&domain.to_le_bytes());
                 out.extend_from_slice(&member.to_le_bytes());
                 out.extend_from_slice(&generation.to_le_bytes());
+                out.extend_from_slice(&cpu.to_le_bytes());
             }
             Frame::Greeting { version } => {
                 out.push(GREETING);
@@ -120,6 +129,15 @@ impl Frame {
         out
     }
 
+    /// The protocol version of a `Hello` that does not decode, as a client of another version
+    /// sends one of another length: so the server can say which versions differ.
+    pub(crate) fn hello_version(bytes: &[u8]) -> Option<u32> {
+        match bytes {
+            [HELLO, v0, v1, v2, v3, ..] => Some(u32::from_le_bytes([*v0, *v1, *v2, *v3])),
+            _ => None,
+        }
+    }
+
     pub(crate) fn decode(bytes: &[u8]) -> Option<Frame> {
         let (&tag, rest) = bytes.split_first()?;
         let u32_at = |i: usize| -> Option<u32> {
@@ -135,6 +153,7 @@ impl Frame {
                 domain: u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?),
                 member: u32_at(16)?,
                 generation: u32_at(20)?,
+                cpu: u32_at(24)?,
             }),
             WELCOME if rest.len() == 29 && rest[28] <= 1 => Some(Frame::Welcome {
                 version: u32_at(0)?,
@@ -172,6 +191,7 @@ mod tests {
                 domain: 7,
                 member: 3,
                 generation: 12,
+                cpu: 1,
             },
             Frame::Greeting { version: 1 },
             Frame::Welcome {
@@ -190,5 +210,23 @@ mod tests {
         assert_eq!(Frame::decode(&[]), None);
         assert_eq!(Frame::decode(&[2, 1]), None);
         assert_eq!(Frame::decode(&[3, 99, 0]), None);
+    }
+
+    #[test]
+    fn a_hello_of_another_length_still_tells_its_version() {
+        let mut old = Frame::Hello {
+            version: 11,
+            max_message: 1,
+            domain: 0,
+            member: NO_MEMBER,
+            generation: 0,
+            cpu: NO_CPU,
+        }
+        .encode();
+        old.truncate(25);
+        assert_eq!(Frame::decode(&old), None);
+        assert_eq!(Frame::hello_version(&old), Some(11));
+        assert_eq!(Frame::hello_version(&[HELLO, 1, 0]), None);
+        assert_eq!(Frame::hello_version(&[WELCOME, 1, 0, 0, 0]), None);
     }
 }
