@@ -58,6 +58,7 @@ fn quick_measures_every_setting_with_its_batch_size() {
     assert_eq!(v["experiment"], "dagger", "{text}");
     assert_eq!(v["config"]["quick"], true, "{text}");
     assert_eq!(v["config"]["payload_bytes"], 64, "{text}");
+    assert_eq!(v["config"]["pairs_dispatch"], "cpu-local", "{text}");
     assert_eq!(v["config"]["latency_rounds"], 1, "{text}");
     assert_eq!(v["config"]["low_load_rounds"], 2, "{text}");
     assert!(v["machine"]["nproc"].as_u64().is_some(), "{text}");

@@ -172,11 +172,12 @@ impl Arrivals {
 
 impl Driver {
     /// Opens a pipelined connection to `service` in `dir` with `window` calls in flight at
-    /// most; its waits spin (the thread has a core) unless `yield_when_idle`.
+    /// most, its calls to come from `cpu` (when known); its waits spin (the thread has a
+    /// core) unless `yield_when_idle`.
     pub(super) fn connect(
         service: &str,
         dir: &std::path::Path,
-        window: u32,
+        (window, cpu): (u32, Option<usize>),
         watch: Stopwatch,
         yield_when_idle: bool,
     ) -> anyhow::Result<Driver> {
@@ -185,6 +186,7 @@ impl Driver {
             max_in_flight: window,
             ring_bytes: 1 << 20,
             wait: spin_policy(),
+            cpu,
             ..Default::default()
         };
         let pipe = Pipeline::connect(service, config)

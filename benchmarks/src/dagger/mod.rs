@@ -23,9 +23,12 @@
 //! 3. **Two client threads** (Fig. 6 right, reported as is): two pipelines, one per client
 //!    thread, against a server with two workers; client thread i and worker i are pinned to
 //!    CPU i, so each core hosts a client and a worker, four busy threads on two CPUs. The
-//!    workers wait by the adaptive policy (`--pair-spin-us` of polls, then a sleep), whose
-//!    polls yield the CPU while another thread is queued for it (`netless_ring::contention`);
-//!    the clients yield when a poll finds nothing.
+//!    server dispatches by `--pairs-dispatch`: `cpu-local` (the default) serves each
+//!    client's connection on the worker beside it (`Dispatch::CpuLocal`), `shared` puts
+//!    every request in one queue both workers take from. The workers wait by the adaptive
+//!    policy (`--pair-spin-us` of polls, then a sleep), whose polls yield the CPU while
+//!    another thread is queued for it (`netless_ring::contention`); the clients yield when a
+//!    poll finds nothing.
 //!
 //! The host is shared and noisy, so every row also says what else took the cores while it
 //! was measured: involuntary context switches of the client threads and of the server, and
@@ -155,6 +158,10 @@ pub struct Args {
     /// their cores with the client threads).
     #[arg(long, default_value_t = 50)]
     pub pair_spin_us: u64,
+    /// How the two-client server hands requests to its workers: each client's to the worker
+    /// on its CPU (`cpu-local`), or all through one queue (`shared`).
+    #[arg(long, value_enum, default_value_t = server::PairsDispatch::CpuLocal)]
+    pub pairs_dispatch: server::PairsDispatch,
     /// Offered loads of the latency sweep, as fractions of the best setting's peak
     /// [default: 0.05,0.1,0.2,0.3,0.45,0.6,0.75,0.85,0.95, or 0.05,0.5,0.95 with --quick].
     #[arg(long, value_delimiter = ',')]
@@ -224,9 +231,17 @@ impl Setting {
 }
 
 /// How the threads were placed, in words: (single, pairs).
-fn placements(cpus: Option<(usize, usize)>, pair_spin_us: u64) -> (String, String) {
+fn placements(
+    cpus: Option<(usize, usize)>,
+    pair_spin_us: u64,
+    dispatch: server::PairsDispatch,
+) -> (String, String) {
+    let dispatch = match dispatch {
+        server::PairsDispatch::CpuLocal => "each client served by the worker on its CPU",
+        server::PairsDispatch::Shared => "one queue for both workers",
+    };
     let pairs_waits = format!(
-        "workers poll {pair_spin_us} µs (yielding while their CPU is contended) then sleep, clients yield when a poll is empty"
+        "{dispatch}; workers poll {pair_spin_us} µs (yielding while their CPU is contended) then sleep, clients yield when a poll is empty"
     );
     match cpus {
         Some((a, b)) => (
@@ -301,17 +316,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loads,
         cpus,
         pair_spin_us: args.pair_spin_us,
+        pairs_dispatch: args.pairs_dispatch,
         bar,
     };
 
     // 1 and 2: one client thread, one spinning worker.
-    let server = ctx.spawn_server(SERVICE, 1, &cpus.map_or(vec![], |c| vec![c.1]), None)?;
+    let server = ctx.spawn_server(
+        SERVICE,
+        1,
+        &cpus.map_or(vec![], |c| vec![c.1]),
+        None,
+        server::PairsDispatch::Shared,
+    )?;
     if let Some((mine, _)) = cpus {
         // After the spawn, which would otherwise inherit it.
         netless_shm::pin_current_thread(mine)?;
     }
     let ctl = ctx.control(SERVICE)?;
-    let mut driver = ctx.driver(SERVICE, false)?;
+    let mut driver = ctx.driver(SERVICE, false, cpus.map(|c| c.0))?;
     ctx.warm_up(&ctl, std::slice::from_mut(&mut driver))?;
     let single = sweeps::throughput_single(&ctx, (&ctl, server.id()), &mut driver)?;
     let peak = single
@@ -333,11 +355,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         2,
         &cpus.map_or(vec![], |c| vec![c.0, c.1]),
         Some(ctx.pair_spin_us),
+        ctx.pairs_dispatch,
     )?;
     let ctl = ctx.control(SERVICE_PAIRS)?;
+    // Client thread i runs on the first or second CPU (see `throughput_pairs`).
     let mut drivers = vec![
-        ctx.driver(SERVICE_PAIRS, true)?,
-        ctx.driver(SERVICE_PAIRS, true)?,
+        ctx.driver(SERVICE_PAIRS, true, cpus.map(|c| c.0))?,
+        ctx.driver(SERVICE_PAIRS, true, cpus.map(|c| c.1))?,
     ];
     ctx.warm_up(&ctl, &mut drivers)?;
     let pairs = sweeps::throughput_pairs(&ctx, (&ctl, server.id()), &mut drivers)?;
@@ -347,7 +371,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ctx.bar.finish_and_clear();
 
     let acceptance = acceptance::acceptance(&single, &pairs, &latency);
-    let (single_placement, pairs_placement) = placements(cpus, ctx.pair_spin_us);
+    let (single_placement, pairs_placement) =
+        placements(cpus, ctx.pair_spin_us, ctx.pairs_dispatch);
     render::print_throughput(
         &format!(
             "Fig. 5: pipelined 64 B echo throughput, 1 client thread, 1 server worker ({single_placement}); {} in flight, median of {rounds} interleaved rounds of {} ms",
@@ -385,6 +410,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 peak_mrps: peak / 1e6,
                 single: single_placement,
                 pairs: pairs_placement,
+                pairs_dispatch: ctx.pairs_dispatch.name(),
                 clock: ctx.watch.source(),
                 quick,
                 elapsed_s: elapsed.as_secs_f64(),

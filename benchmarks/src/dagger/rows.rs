@@ -103,6 +103,8 @@ pub(super) struct Config {
     pub(super) peak_mrps: f64,
     pub(super) single: String,
     pub(super) pairs: String,
+    /// How the two-client server dispatches: `cpu-local` or `shared`.
+    pub(super) pairs_dispatch: &'static str,
     pub(super) clock: &'static str,
     pub(super) quick: bool,
     pub(super) elapsed_s: f64,

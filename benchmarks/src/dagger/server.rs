@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use netless::{Request, ResponseBuilder, Server, ServerConfig, Status, WaitMode, WaitPolicy};
+use netless::{
+    Dispatch, Request, ResponseBuilder, Server, ServerConfig, Status, WaitMode, WaitPolicy,
+};
 
 use super::load;
 use crate::harness::peer;
@@ -29,6 +31,29 @@ pub struct ServerArgs {
     /// Idle workers spin this long, µs, then sleep on their futex (absent: spin forever).
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// How requests reach the workers.
+    #[arg(long, value_enum, default_value_t = PairsDispatch::Shared)]
+    pub dispatch: PairsDispatch,
+}
+
+/// How the server's workers share requests, as named on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairsDispatch {
+    /// Each connection served by the worker pinned to its client's CPU
+    /// (`Dispatch::CpuLocal`).
+    CpuLocal,
+    /// One queue every worker takes from (`Dispatch::SingleQueue`).
+    Shared,
+}
+
+impl PairsDispatch {
+    /// As on the command line.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            PairsDispatch::CpuLocal => "cpu-local",
+            PairsDispatch::Shared => "shared",
+        }
+    }
 }
 
 /// The echo: the reply is the request's payload, copied once into the reply ring.
@@ -50,6 +75,10 @@ pub(super) fn serve(args: ServerArgs) -> anyhow::Result<()> {
         workers: args.workers,
         pin_cpus: args.pin_cpus,
         wait,
+        dispatch: match args.dispatch {
+            PairsDispatch::CpuLocal => Dispatch::CpuLocal,
+            PairsDispatch::Shared => Dispatch::SingleQueue,
+        },
         dir: Some(args.dir),
         ..Default::default()
     };

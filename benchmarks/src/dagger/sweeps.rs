@@ -15,6 +15,7 @@ use netless::{Client, ClientConfig};
 use super::acceptance::best_row;
 use super::load::{mean, Counts, Driver};
 use super::rows::{LatencyRow, StatsReader, ThroughputRow};
+use super::server::PairsDispatch;
 use super::{
     rounds_at, Setting, BEYOND_PEAK, LATENCY_SETTINGS, LONE_CALLS, READER_PERIOD, SERVICE,
     THROUGHPUT_SETTINGS,
@@ -39,6 +40,7 @@ pub(super) struct Ctx {
     /// (the client's CPU, the server worker's CPU), unless not pinning.
     pub(super) cpus: Option<(usize, usize)>,
     pub(super) pair_spin_us: u64,
+    pub(super) pairs_dispatch: PairsDispatch,
     pub(super) bar: indicatif::ProgressBar,
 }
 
@@ -49,13 +51,14 @@ impl Ctx {
     }
 
     /// Spawns the echo server of `service` with `workers` workers pinned to `cpus` in turn,
-    /// spinning (`spin_us` None) or sleeping after `spin_us`.
+    /// spinning (`spin_us` None) or sleeping after `spin_us`, dispatching by `dispatch`.
     pub(super) fn spawn_server(
         &self,
         service: &str,
         workers: usize,
         cpus: &[usize],
         spin_us: Option<u64>,
+        dispatch: PairsDispatch,
     ) -> anyhow::Result<Peer> {
         let dir = self.dir.to_str().context("socket directory is not UTF-8")?;
         let workers = workers.to_string();
@@ -73,6 +76,8 @@ impl Ctx {
             service,
             "--workers",
             &workers,
+            "--dispatch",
+            dispatch.name(),
         ];
         if !cpus.is_empty() {
             args.extend(["--pin-cpus", &cpus]);
@@ -94,11 +99,17 @@ impl Ctx {
         Client::connect_with(service, config).with_context(|| format!("connecting to `{service}`"))
     }
 
-    pub(super) fn driver(&self, service: &str, yield_when_idle: bool) -> anyhow::Result<Driver> {
+    /// A client thread's pipeline, its calls to come from `cpu` (when known).
+    pub(super) fn driver(
+        &self,
+        service: &str,
+        yield_when_idle: bool,
+        cpu: Option<usize>,
+    ) -> anyhow::Result<Driver> {
         Driver::connect(
             service,
             &self.dir,
-            self.in_flight,
+            (self.in_flight, cpu),
             self.watch,
             yield_when_idle,
         )
