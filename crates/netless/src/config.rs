@@ -53,19 +53,20 @@ pub enum Dispatch {
     Jbsq2,
     /// One queue per worker; each connection is bound to worker `index % workers` (RSS-like).
     Partitioned,
-    /// One queue per worker; each connection is bound to a worker pinned to the CPU its
-    /// client's calls come from (`ClientConfig::cpu`, else the CPU the client connected
-    /// from), else as `Partitioned`. A client thread and the worker serving it then share
-    /// one core and its caches: the dispatch for client threads and workers sharing the
-    /// cores, where one queue would move every request between them. It needs
-    /// `ServerConfig::pin_cpus`, and clients pinned where their connections say.
+    /// One queue per worker; each connection is bound to a worker that `pin_cpus` puts on
+    /// the CPU its client's calls come from (`ClientConfig::cpu`, else the CPU the
+    /// connecting thread is pinned to), else as `Partitioned`. A client thread and the
+    /// worker serving it then share one core and its caches: the dispatch for client
+    /// threads and workers sharing the cores, where one queue would move every request
+    /// between them. It needs `ServerConfig::pin_cpus` and pinned client threads; clients
+    /// that name no CPU are placed as `Partitioned` places them.
     ///
     /// ```
     /// use netless::{Dispatch, ServerConfig};
-    /// let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    /// // Worker i on CPU i; a client thread pinned to CPU 1 is served by worker 1.
     /// let config = ServerConfig {
-    ///     workers: cpus,
-    ///     pin_cpus: (0..cpus).collect(),
+    ///     workers: 2,
+    ///     pin_cpus: vec![0, 1],
     ///     dispatch: Dispatch::CpuLocal,
     ///     ..Default::default()
     /// };
@@ -178,6 +179,13 @@ impl ServerConfig {
                 "max_client_ring must be 4096..=1 GiB, got {}",
                 self.max_client_ring
             ));
+        }
+        if self.dispatch == Dispatch::CpuLocal && self.pin_cpus.is_empty() {
+            return bad(
+                "Dispatch::CpuLocal serves a client on the worker pinned to its CPU: give the \
+                 workers their CPUs in pin_cpus, or use Dispatch::Partitioned"
+                    .into(),
+            );
         }
         if !self.block_size.is_power_of_two() || !(64..=65536).contains(&self.block_size) {
             return bad(format!(
@@ -410,8 +418,9 @@ pub struct ClientConfig {
     pub retry: RetryPolicy,
     /// The CPU this connection's calls will come from, told to the server: one with
     /// [`Dispatch::CpuLocal`] serves the connection on a worker pinned there. `None`: the
-    /// CPU the connecting thread runs on when it connects, which is right for a thread
-    /// pinned before it connects. Set it when one thread connects for others.
+    /// CPU the connecting thread is pinned to, if it may run on one alone, else none (the
+    /// server then places the connection by its index). Set it when one thread connects
+    /// for others.
     pub cpu: Option<usize>,
 }
 

@@ -328,9 +328,10 @@ pub fn handshake_frame(data: &[u8]) {
     );
     match &frame {
         Frame::Reject(_) | Frame::Goodbye(_) if std::str::from_utf8(&data[3..]).is_err() => {}
-        Frame::Hello { .. } => {
-            assert_eq!(data.len(), HELLO_LEN, "a hello longer than a server reads");
+        Frame::Hello { version, .. } => {
+            assert_eq!(data.len(), HELLO_LEN, "a hello of another length decoded");
             assert_eq!(encoded, data);
+            assert_eq!(Frame::hello_version(data), Some(*version));
         }
         _ => assert_eq!(encoded, data, "a frame re-encodes to its bytes"),
     }

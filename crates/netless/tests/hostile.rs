@@ -369,3 +369,33 @@ fn a_response_ring_larger_than_the_server_maps_is_refused() {
     let client = Client::connect_with(service, config).unwrap();
     assert!(call_until_served(&client, Duration::from_secs(5)).is_some());
 }
+
+/// A client of another protocol (its `Hello` shorter or longer than ours) is refused with a
+/// status naming both versions, not dropped without a word; the server serves on.
+#[test]
+fn a_hello_of_another_protocol_is_refused_by_name() {
+    let dir = TestDir::new("oldhello");
+    let service = "hostile.OldHello";
+    let _server = ServerProcess::start(&dir, service);
+    let path = client_config(dir.path()).socket_path(service).unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    // Protocol 11's Hello: version, max_message, domain, member, generation (25 bytes), and
+    // a later one's, 40 bytes long.
+    for (version, len) in [(11u32, 25usize), (99, 40)] {
+        let socket = UnixStream::connect(&path).unwrap();
+        let (greeting, _) = netless_shm::recv_frame_by(&socket, 0, 64, deadline()).unwrap();
+        assert_eq!(greeting[0], 5, "a greeting first: {greeting:?}");
+        let mut hello = vec![1u8];
+        hello.extend_from_slice(&version.to_le_bytes());
+        hello.resize(len, 0);
+        netless_shm::send_frame(&socket, &hello, &[]).unwrap();
+        let (reject, _) = netless_shm::recv_frame_by(&socket, 0, 1024, deadline()).unwrap();
+        assert_eq!(reject[0], 3, "a reject: {reject:?}");
+        let message = String::from_utf8_lossy(&reject[3..]);
+        assert!(
+            message.contains(&format!("protocol {version}")) && message.contains("server 12"),
+            "{message}"
+        );
+    }
+    assert!(honest_call(&dir, service) < Duration::from_secs(2));
+}

@@ -181,6 +181,14 @@ fn cpu_local_dispatch_serves_a_client_on_its_own_cpu() {
         return;
     }
     let (a, b) = (cpus[0], cpus[1]);
+    // Where pinning is forbidden (a seccomp filter), workers run anywhere: nothing to test.
+    let pinned = thread::spawn(move || {
+        netless_shm::pin_current_thread(b).is_ok() && netless_shm::current_cpu() == b
+    });
+    if !pinned.join().unwrap() {
+        eprintln!("skipped: this process cannot pin a thread to CPU {b}");
+        return;
+    }
     let dir = TestDir::new("cpulocal");
     let bind = |service: &str, dispatch| {
         let config = ServerConfig {
@@ -209,6 +217,15 @@ fn cpu_local_dispatch_serves_a_client_on_its_own_cpu() {
     let (cpu, child) = served_on(&dir, "t.CpuLocal", "hint-100000");
     assert!(cpu == a as u64 || cpu == b as u64);
     children.push(child);
+    // Without pin_cpus there is no CPU to serve a client on: a clear refusal at bind.
+    let unpinned = ServerConfig {
+        workers: 2,
+        dispatch: Dispatch::CpuLocal,
+        ..server_config(dir.path())
+    };
+    let refused = Server::bind("t.Unpinned", unpinned, where_handler).unwrap_err();
+    assert_eq!(refused.code(), netless::Code::InvalidArgument);
+    assert!(refused.message().contains("pin_cpus"), "{refused:?}");
     // Partitioned ignores the hint: the first connection is served by worker 0, on `a`.
     let _partitioned = bind("t.Partitioned", Dispatch::Partitioned);
     let (cpu, child) = served_on(&dir, "t.Partitioned", &format!("hint-{b}"));

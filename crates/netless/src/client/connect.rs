@@ -60,7 +60,14 @@ pub(super) fn handshake(
     let deadline = std::time::Instant::now() + config.connect_timeout;
     let (bytes, _) = recv_frame_by(&socket, 0, MAX_HANDSHAKE_FRAME, deadline).map_err(hs)?;
     match Frame::decode(&bytes) {
-        Some(Frame::Greeting { .. }) => {}
+        Some(Frame::Greeting { version }) if version == PROTOCOL_VERSION => {}
+        // Its `Hello` would not be ours: say so rather than send one it cannot read.
+        Some(Frame::Greeting { version }) => {
+            return Err(Status::unavailable(format!(
+                "service `{service}` speaks netless protocol {version}, this client \
+                 {PROTOCOL_VERSION}: use the same netless release on both sides"
+            )))
+        }
         Some(Frame::Reject(status)) => return Err(status),
         _ => {
             return Err(Status::unavailable(format!(
@@ -83,8 +90,8 @@ pub(super) fn handshake(
             generation: claim.map_or(0, |(c, _)| c.generation),
             cpu: config
                 .cpu
-                .unwrap_or_else(netless_shm::current_cpu)
-                .try_into()
+                .or_else(pinned_cpu)
+                .and_then(|cpu| u32::try_from(cpu).ok())
                 .unwrap_or(NO_CPU),
         }
         .encode(),
@@ -198,4 +205,10 @@ pub(super) fn fragment_body(service: &str, replica: &ReplicaSegment) -> Result<u
         )));
     }
     Ok(max_run * block - HEADER_LEN)
+}
+
+/// The CPU the calling thread is pinned to, if it may run on one alone: where its calls will
+/// come from. An unpinned thread's CPU of the moment says nothing of where it will run.
+fn pinned_cpu() -> Option<usize> {
+    (netless_shm::available_cpus() == 1).then(netless_shm::current_cpu)
 }

@@ -26,7 +26,7 @@ use crate::segment::layout::conn_tag;
 use crate::segment::ConnSegment;
 use crate::status::{Code, Status};
 use crate::sync::Ordering;
-use crate::wire::handshake::{Frame, HELLO_LEN, NO_CPU, NO_MEMBER, PROTOCOL_VERSION};
+use crate::wire::handshake::{Frame, MAX_HELLO_READ, NO_CPU, NO_MEMBER, PROTOCOL_VERSION};
 use netless_pool::MemberClaim;
 
 /// Most handshakes in progress at once; a client arriving beyond them is refused at once
@@ -216,7 +216,7 @@ fn admit(
         version: PROTOCOL_VERSION,
     };
     send_frame_by(socket, &greeting.encode(), &[], deadline).ok()?;
-    let (bytes, fds) = recv_frame_by(socket, 2, HELLO_LEN, deadline).ok()?;
+    let (bytes, fds) = recv_frame_by(socket, 2, MAX_HELLO_READ, deadline).ok()?;
     let (client_max, client_domain, claim, cpu) = match Frame::decode(&bytes) {
         Some(Frame::Hello {
             version,
@@ -239,7 +239,7 @@ fn admit(
         }
         // A client of another protocol sends a hello of another length.
         None if Frame::hello_version(&bytes).is_some_and(|v| v != PROTOCOL_VERSION) => {
-            let version = Frame::hello_version(&bytes).unwrap_or_default();
+            let version = Frame::hello_version(&bytes).unwrap_or(PROTOCOL_VERSION);
             let status = Status::unavailable(format!(
                 "client speaks netless protocol {version}, server {PROTOCOL_VERSION}: use the \
                  same netless release on both sides"

@@ -18,8 +18,11 @@
 use crate::status::{Code, Status};
 
 const HELLO: u8 = 1;
-/// Bytes of an encoded `Hello` (a server reads no longer frame from a client).
+/// Bytes of an encoded `Hello`.
 pub(crate) const HELLO_LEN: usize = 29;
+/// The longest frame a server reads where it expects a `Hello`: room for the longer `Hello`
+/// of a later protocol, so that its version can be read and named in the refusal.
+pub(crate) const MAX_HELLO_READ: usize = 256;
 const WELCOME: u8 = 2;
 const REJECT: u8 = 3;
 const GOODBYE: u8 = 4;
