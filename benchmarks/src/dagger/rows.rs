@@ -104,7 +104,7 @@ pub(super) struct Config {
     pub(super) single: String,
     pub(super) pairs: String,
     /// How the two-client server dispatches: `cpu-local` or `shared`.
-    pub(super) pairs_dispatch: &'static str,
+    pub(super) pairs_dispatch: String,
     pub(super) clock: &'static str,
     pub(super) quick: bool,
     pub(super) elapsed_s: f64,

@@ -47,12 +47,11 @@ pub enum PairsDispatch {
 }
 
 impl PairsDispatch {
-    /// As on the command line.
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            PairsDispatch::CpuLocal => "cpu-local",
-            PairsDispatch::Shared => "shared",
-        }
+    /// As on the command line (clap's name for it).
+    pub(super) fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
     }
 }
 

@@ -68,6 +68,7 @@ impl Ctx {
             .collect::<Vec<_>>()
             .join(",");
         let spin = spin_us.map(|us| us.to_string());
+        let dispatch = dispatch.name();
         let mut args = vec![
             "echo-server",
             "--dir",
@@ -77,7 +78,7 @@ impl Ctx {
             "--workers",
             &workers,
             "--dispatch",
-            dispatch.name(),
+            &dispatch,
         ];
         if !cpus.is_empty() {
             args.extend(["--pin-cpus", &cpus]);

@@ -217,35 +217,28 @@ fn admit(
     };
     send_frame_by(socket, &greeting.encode(), &[], deadline).ok()?;
     let (bytes, fds) = recv_frame_by(socket, 2, MAX_HELLO_READ, deadline).ok()?;
+    // A client of another protocol may send a hello of another length: its version first.
+    if let Some(version) = Frame::hello_version(&bytes).filter(|&v| v != PROTOCOL_VERSION) {
+        let status = Status::unavailable(format!(
+            "client speaks netless protocol {version}, server {PROTOCOL_VERSION}: use the same \
+             netless release on both sides"
+        ));
+        return refuse(socket, status, deadline);
+    }
     let (client_max, client_domain, claim, cpu) = match Frame::decode(&bytes) {
         Some(Frame::Hello {
-            version,
             max_message,
             domain,
             member,
             generation,
             cpu,
-        }) if version == PROTOCOL_VERSION => (
+            ..
+        }) => (
             max_message as usize,
             domain,
             (member != NO_MEMBER).then_some(MemberClaim { member, generation }),
             (cpu != NO_CPU).then_some(cpu),
         ),
-        Some(Frame::Hello { version, .. }) => {
-            let status = Status::unavailable(format!(
-                "client speaks netless protocol {version}, server {PROTOCOL_VERSION}"
-            ));
-            return refuse(socket, status, deadline);
-        }
-        // A client of another protocol sends a hello of another length.
-        None if Frame::hello_version(&bytes).is_some_and(|v| v != PROTOCOL_VERSION) => {
-            let version = Frame::hello_version(&bytes).unwrap_or(PROTOCOL_VERSION);
-            let status = Status::unavailable(format!(
-                "client speaks netless protocol {version}, server {PROTOCOL_VERSION}: use the \
-                 same netless release on both sides"
-            ));
-            return refuse(socket, status, deadline);
-        }
         _ => {
             return refuse(
                 socket,

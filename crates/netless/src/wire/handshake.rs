@@ -132,8 +132,9 @@ impl Frame {
         out
     }
 
-    /// The protocol version of a `Hello` that does not decode, as a client of another version
-    /// sends one of another length: so the server can say which versions differ.
+    /// The protocol version a `Hello` of any length carries (a client of another version may
+    /// send one of another length), so the server can say which versions differ before it
+    /// decodes the rest.
     pub(crate) fn hello_version(bytes: &[u8]) -> Option<u32> {
         match bytes {
             [HELLO, v0, v1, v2, v3, ..] => Some(u32::from_le_bytes([*v0, *v1, *v2, *v3])),
